@@ -1,0 +1,226 @@
+// Broadcasting arithmetic and pointwise functions, each forward beside its backward.
+#include <cmath>
+#include <numbers>
+
+#include <xtensor/xmath.hpp>
+#include <xtensor/xoperation.hpp>
+#include <xtensor/xreducer.hpp>
+
+#include "core/detail/op.hpp"
+#include "core/ops.hpp"
+
+namespace qkv {
+
+namespace {
+
+// input_i.grad += g summed back to the input's shape: over the leading dimensions broadcasting
+// added, and over the dimensions where the input had size 1.
+template <class T, class E>
+void accumulate_broadcast(BackwardContext<T>& ctx, std::size_t i, E&& g, const Shape& shape) {
+  if (!ctx.needs(i)) return;
+  const Shape g_shape = to_shape(g.shape());
+  if (g_shape == shape) return ctx.accumulate(i, std::forward<E>(g));
+  const std::size_t lead = g_shape.size() - shape.size();
+  std::vector<std::size_t> axes;
+  for (std::size_t d = 0; d < g_shape.size(); ++d)
+    if (d < lead || (shape[d - lead] == 1 && g_shape[d] != 1)) axes.push_back(d);
+  Array<T> summed = xt::sum(std::forward<E>(g), axes, xt::keep_dims | xt::evaluation_strategy::immediate);
+  summed.reshape(shape);
+  ctx.accumulate(i, std::move(summed));
+}
+
+// The four binary ops differ in their forward expression and two gradient expressions, which get
+// (d output, a, b). Only mul and div keep their inputs' values for backward.
+template <class T, bool keeps_inputs, class Forward, class GradA, class GradB>
+Tensor binary(const char* op, const Tensor& a, const Tensor& b, Forward forward, GradA grad_a, GradB grad_b) {
+  broadcast_shapes(op, a.shape(), b.shape());
+  Array<T> y = forward(a.value<T>(), b.value<T>());
+  const Tensor kept_a = keeps_inputs ? a : Tensor(), kept_b = keeps_inputs ? b : Tensor();
+  return record_op<T>(op, std::move(y), {&a, &b},
+                      [kept_a, kept_b, sa = a.shape(), sb = b.shape(), grad_a, grad_b](BackwardContext<T>& ctx) {
+                        if (ctx.needs(0)) accumulate_broadcast(ctx, 0, grad_a(ctx.grad(), kept_a, kept_b), sa);
+                        if (ctx.needs(1)) accumulate_broadcast(ctx, 1, grad_b(ctx.grad(), kept_a, kept_b), sb);
+                      });
+}
+
+template <class T, class Forward, class Backward>
+Tensor unary(const char* op, const Tensor& x, Forward forward, Backward backward, Save save = Save::nothing) {
+  Array<T> y = forward(x.value<T>());
+  return record_op<T>(op, std::move(y), {&x}, [x, backward](BackwardContext<T>& ctx) {
+    ctx.accumulate(0, backward(ctx, x.value<T>()));
+  }, save);
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  check_inputs("add", {&a, &b});
+  return dispatch(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    return binary<T, false>("add", a, b, [](const auto& x, const auto& y) { return x + y; },
+                            [](const Array<T>& g, const Tensor&, const Tensor&) -> const Array<T>& { return g; },
+                            [](const Array<T>& g, const Tensor&, const Tensor&) -> const Array<T>& { return g; });
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  check_inputs("sub", {&a, &b});
+  return dispatch(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    return binary<T, false>("sub", a, b, [](const auto& x, const auto& y) { return x - y; },
+                            [](const Array<T>& g, const Tensor&, const Tensor&) -> const Array<T>& { return g; },
+                            [](const Array<T>& g, const Tensor&, const Tensor&) { return -g; });
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  check_inputs("mul", {&a, &b});
+  return dispatch(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    return binary<T, true>("mul", a, b, [](const auto& x, const auto& y) { return x * y; },
+                           [](const Array<T>& g, const Tensor&, const Tensor& y) { return g * y.value<T>(); },
+                           [](const Array<T>& g, const Tensor& x, const Tensor&) { return g * x.value<T>(); });
+  });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  check_inputs("div", {&a, &b});
+  return dispatch(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    // forward was q = x / y, so dq/dx = 1/y and dq/dy = -x/y².
+    return binary<T, true>("div", a, b, [](const auto& x, const auto& y) { return x / y; },
+                           [](const Array<T>& g, const Tensor&, const Tensor& y) { return g / y.value<T>(); },
+                           [](const Array<T>& g, const Tensor& x, const Tensor& y) {
+                             return -g * x.value<T>() / (y.value<T>() * y.value<T>());
+                           });
+  });
+}
+
+Tensor neg(const Tensor& x) {
+  check_inputs("neg", {&x});
+  return dispatch(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    return unary<T>("neg", x, [](const auto& v) { return -v; },
+                    [](BackwardContext<T>& ctx, const auto&) { return -ctx.grad(); });
+  });
+}
+
+Tensor exp(const Tensor& x) {
+  check_inputs("exp", {&x});
+  return dispatch(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    return unary<T>("exp", x, [](const auto& v) { return xt::exp(v); },
+                    [](BackwardContext<T>& ctx, const auto&) { return ctx.grad() * ctx.output(); }, Save::output);
+  });
+}
+
+Tensor log(const Tensor& x) {
+  check_inputs("log", {&x});
+  return dispatch(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    return unary<T>("log", x, [](const auto& v) { return xt::log(v); },
+                    [](BackwardContext<T>& ctx, const auto& v) { return ctx.grad() / v; });
+  });
+}
+
+Tensor sqrt(const Tensor& x) {
+  check_inputs("sqrt", {&x});
+  return dispatch(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    // forward was y = √x, so dy/dx = 1 / (2y).
+    return unary<T>("sqrt", x, [](const auto& v) { return xt::sqrt(v); },
+                    [](BackwardContext<T>& ctx, const auto&) { return ctx.grad() / (T(2) * ctx.output()); },
+                    Save::output);
+  });
+}
+
+Tensor pow(const Tensor& x, double exponent) {
+  check_inputs("pow", {&x});
+  return dispatch(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    const T p = static_cast<T>(exponent);
+    return unary<T>("pow", x, [p](const auto& v) { return xt::pow(v, p); },
+                    [p](BackwardContext<T>& ctx, const auto& v) { return ctx.grad() * p * xt::pow(v, p - T(1)); });
+  });
+}
+
+Tensor tanh(const Tensor& x) {
+  check_inputs("tanh", {&x});
+  return dispatch(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    return unary<T>("tanh", x, [](const auto& v) { return xt::tanh(v); },
+                    [](BackwardContext<T>& ctx, const auto&) {
+                      return ctx.grad() * (T(1) - ctx.output() * ctx.output());
+                    }, Save::output);
+  });
+}
+
+Tensor relu(const Tensor& x) {
+  check_inputs("relu", {&x});
+  return dispatch(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    // The gradient at exactly 0 is 0, as in PyTorch.
+    return unary<T>("relu", x, [](const auto& v) { return xt::maximum(v, T(0)); },
+                    [](BackwardContext<T>& ctx, const auto&) {
+                      return xt::where(ctx.output() > T(0), ctx.grad(), T(0));
+                    }, Save::output);
+  });
+}
+
+Tensor gelu(const Tensor& x, GeluApproximation approximate) {
+  check_inputs("gelu", {&x});
+  return dispatch(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    if (approximate == GeluApproximation::none) {
+      // y = x Φ(x), Φ(x) = (1 + erf(x/√2)) / 2; dy/dx = Φ(x) + x φ(x), φ(x) = exp(-x²/2) / √(2π).
+      const T inv_sqrt2 = T(1) / std::numbers::sqrt2_v<T>;
+      const T inv_sqrt_2pi = std::numbers::inv_sqrtpi_v<T> * inv_sqrt2;
+      return unary<T>("gelu", x, [=](const auto& v) { return T(0.5) * v * (T(1) + xt::erf(v * inv_sqrt2)); },
+                      [=](BackwardContext<T>& ctx, const auto& v) {
+                        return ctx.grad() * (T(0.5) * (T(1) + xt::erf(v * inv_sqrt2)) +
+                                             v * inv_sqrt_2pi * xt::exp(T(-0.5) * v * v));
+                      });
+    }
+    // y = x (1 + tanh(u)) / 2, u = c (x + a x³); dy/dx = (1 + th)/2 + x (1 - th²) c (1 + 3a x²) / 2.
+    const T c = std::numbers::sqrt2_v<T> * std::numbers::inv_sqrtpi_v<T>;  // √(2/π)
+    const T a = T(0.044715);
+    return unary<T>("gelu", x, [=](const auto& v) { return T(0.5) * v * (T(1) + xt::tanh(c * (v + a * v * v * v))); },
+                    [=](BackwardContext<T>& ctx, const auto& v) {
+                      const Array<T> th = xt::tanh(c * (v + a * v * v * v));
+                      return Array<T>(ctx.grad() * (T(0.5) * (T(1) + th) +
+                                                    T(0.5) * v * (T(1) - th * th) * c * (T(1) + T(3) * a * v * v)));
+                    });
+  });
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  check_inputs("cast", {&x});
+  return dispatch(x.dtype(), [&](auto from) {
+    using S = decltype(from);
+    return dispatch(dtype, [&](auto to) {
+      using U = decltype(to);
+      Array<U> y = xt::cast<U>(x.value<S>());
+      return record_op<U>("cast", std::move(y), {&x}, [](BackwardContext<U>& ctx) {
+        ctx.accumulate(0, xt::cast<S>(ctx.grad()));
+      });
+    });
+  });
+}
+
+Tensor Tensor::to(DType dtype) const { return cast(*this, dtype); }
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator+(const Tensor& a, double b) { return add(a, scalar(b, a.dtype())); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, scalar(b, a.dtype())); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, scalar(b, a.dtype())); }
+Tensor operator/(const Tensor& a, double b) { return div(a, scalar(b, a.dtype())); }
+Tensor operator+(double a, const Tensor& b) { return add(scalar(a, b.dtype()), b); }
+Tensor operator-(double a, const Tensor& b) { return sub(scalar(a, b.dtype()), b); }
+Tensor operator*(double a, const Tensor& b) { return mul(scalar(a, b.dtype()), b); }
+Tensor operator/(double a, const Tensor& b) { return div(scalar(a, b.dtype()), b); }
+
+}  // namespace qkv

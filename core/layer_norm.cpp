@@ -1,0 +1,73 @@
+// layer_norm over the last dimension, with optional affine weight and bias (D).
+#include <cmath>
+
+#include "core/detail/op.hpp"
+#include "core/ops.hpp"
+
+namespace qkv {
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  std::vector<const Tensor*> given{&x};
+  for (const Tensor* p : {&weight, &bias})
+    if (p->defined()) given.push_back(p);
+  check_inputs("layer_norm", given);
+  const Shape sx = x.shape();
+  if (sx.empty()) fail("layer_norm", "the input needs at least one dimension, got shape ()");
+  const std::size_t D = sx.back(), N = numel(sx) / std::max<std::size_t>(D, 1);
+  for (const Tensor* p : {&weight, &bias})
+    if (p->defined() && p->shape() != Shape{D})
+      fail("layer_norm", "{} has shape {} but the input {} needs ({})", p == &weight ? "weight" : "bias",
+           to_string(p->shape()), to_string(sx), D);
+  if (!(eps > 0)) fail("layer_norm", "eps must be positive, got {}", eps);
+  return dispatch(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    // x is (N, D) in rows; y = (x − mean) · rstd · w + b with rstd = 1/√(var + eps), var biased.
+    const T* xv = x.value<T>().data();
+    const T* w = weight.defined() ? weight.value<T>().data() : nullptr;
+    const T* b = bias.defined() ? bias.value<T>().data() : nullptr;
+    Array<T> y = Array<T>::from_shape(sx);
+    std::vector<T> row_mean(N), rstd(N);
+    for (std::size_t i = 0; i < N; ++i) {
+      const T* row = xv + i * D;
+      T m = 0, v = 0;
+      for (std::size_t d = 0; d < D; ++d) m += row[d];
+      m /= T(D);
+      for (std::size_t d = 0; d < D; ++d) v += (row[d] - m) * (row[d] - m);
+      row_mean[i] = m;
+      rstd[i] = T(1) / std::sqrt(v / T(D) + T(eps));
+      for (std::size_t d = 0; d < D; ++d) {
+        const T xhat = (row[d] - m) * rstd[i];
+        y.data()[i * D + d] = xhat * (w ? w[d] : T(1)) + (b ? b[d] : T(0));
+      }
+    }
+    return record_op<T>("layer_norm", std::move(y), {&x, &weight, &bias},
+                        [x, weight, row_mean = std::move(row_mean), rstd = std::move(rstd), N, D](BackwardContext<T>& ctx) {
+      // With ĝ = dy ⊙ w: dx = rstd · (ĝ − mean(ĝ) − x̂ · mean(ĝ ⊙ x̂)); dw = Σ_rows dy ⊙ x̂; db = Σ_rows dy.
+      const T* xv = x.value<T>().data();
+      const T* w = weight.defined() ? weight.value<T>().data() : nullptr;
+      const T* g = ctx.grad().data();
+      Array<T> dx = Array<T>::from_shape(x.shape());
+      Array<T> dw = xt::zeros<T>(Shape{D}), db = xt::zeros<T>(Shape{D});
+      std::vector<T> xhat(D), ghat(D);
+      for (std::size_t i = 0; i < N; ++i) {
+        T mean_g = 0, mean_gx = 0;
+        for (std::size_t d = 0; d < D; ++d) {
+          xhat[d] = (xv[i * D + d] - row_mean[i]) * rstd[i];
+          ghat[d] = g[i * D + d] * (w ? w[d] : T(1));
+          mean_g += ghat[d];
+          mean_gx += ghat[d] * xhat[d];
+          dw[d] += g[i * D + d] * xhat[d];
+          db[d] += g[i * D + d];
+        }
+        mean_g /= T(D);
+        mean_gx /= T(D);
+        for (std::size_t d = 0; d < D; ++d) dx.data()[i * D + d] = rstd[i] * (ghat[d] - mean_g - xhat[d] * mean_gx);
+      }
+      ctx.accumulate(0, std::move(dx));
+      if (ctx.needs(1)) ctx.accumulate(1, std::move(dw));
+      if (ctx.needs(2)) ctx.accumulate(2, std::move(db));
+    });
+  });
+}
+
+}  // namespace qkv

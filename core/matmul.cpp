@@ -1,0 +1,161 @@
+// matmul: (..., n, k) @ (..., k, m) -> (..., n, m), every product through BLAS gemm.
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "core/detail/op.hpp"
+#include "core/ops.hpp"
+
+namespace qkv {
+
+namespace {
+
+// Row-major C (M,N) = op(A) (M,K) · op(B) (K,N) + beta C; op transposes when asked.
+void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+          const float* B, float beta, float* C) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              int(M), int(N), int(K), 1.0f, A, int(std::max<std::size_t>(1, trans_a ? M : K)), B,
+              int(std::max<std::size_t>(1, trans_b ? K : N)), beta, C, int(std::max<std::size_t>(1, N)));
+}
+void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const double* A,
+          const double* B, double beta, double* C) {
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              int(M), int(N), int(K), 1.0, A, int(std::max<std::size_t>(1, trans_a ? M : K)), B,
+              int(std::max<std::size_t>(1, trans_b ? K : N)), beta, C, int(std::max<std::size_t>(1, N)));
+}
+
+// Element offsets of each batch entry of an operand whose batch dimensions `in` broadcast to
+// `out`, for matrices of `matrix_size` elements. Broadcast dimensions repeat an offset.
+std::vector<std::size_t> batch_offsets(const Shape& in, const Shape& out, std::size_t matrix_size) {
+  const std::size_t lead = out.size() - in.size();
+  std::vector<std::size_t> strides(out.size(), 0);
+  std::size_t stride = matrix_size;
+  for (std::size_t d = in.size(); d-- > 0;) {
+    strides[d + lead] = in[d] == 1 ? 0 : stride;
+    stride *= in[d];
+  }
+  std::vector<std::size_t> offsets(numel(out));
+  std::vector<std::size_t> index(out.size(), 0);
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    std::size_t off = 0;
+    for (std::size_t d = 0; d < out.size(); ++d) off += index[d] * strides[d];
+    offsets[i] = off;
+    for (std::size_t d = out.size(); d-- > 0;) {  // next multi-index, row-major
+      if (++index[d] < out[d]) break;
+      index[d] = 0;
+    }
+  }
+  return offsets;
+}
+
+// The batch layout of one product, shared by forward and backward.
+struct Plan {
+  std::size_t n, k, m;
+  Shape batch;                          // broadcast batch dimensions of the output
+  std::vector<std::size_t> a_off, b_off;  // per output batch entry
+  bool fold;  // b has no batch: a's batch folds into the rows of one gemm
+};
+
+Plan plan_for(const Shape& sa, const Shape& sb) {
+  Plan p;
+  p.n = sa[sa.size() - 2];
+  p.k = sa.back();
+  p.m = sb.back();
+  const Shape batch_a(sa.begin(), sa.end() - 2), batch_b(sb.begin(), sb.end() - 2);
+  const std::size_t ndim = std::max(batch_a.size(), batch_b.size());
+  p.batch.resize(ndim);
+  for (std::size_t i = 0; i < ndim; ++i) {
+    const std::size_t da = i < ndim - batch_a.size() ? 1 : batch_a[i - (ndim - batch_a.size())];
+    const std::size_t db = i < ndim - batch_b.size() ? 1 : batch_b[i - (ndim - batch_b.size())];
+    if (da != db && da != 1 && db != 1)
+      fail("matmul", "{} @ {}: batch dimensions {} and {} cannot broadcast", to_string(sa), to_string(sb),
+           to_string(batch_a), to_string(batch_b));
+    p.batch[i] = da == 1 ? db : da;
+  }
+  p.fold = numel(batch_b) == 1;
+  if (!p.fold) {
+    p.a_off = batch_offsets(batch_a, p.batch, p.n * p.k);
+    p.b_off = batch_offsets(batch_b, p.batch, p.k * p.m);
+  }
+  return p;
+}
+
+template <class T>
+Tensor matmul_nd(const Tensor& a, const Tensor& b) {
+  const Shape sa = a.shape(), sb = b.shape();
+  const Plan p = plan_for(sa, sb);
+  Shape out_shape = p.batch;
+  out_shape.push_back(p.n);
+  out_shape.push_back(p.m);
+  Array<T> y = Array<T>::from_shape(out_shape);
+  const T* A = a.value<T>().data();
+  const T* B = b.value<T>().data();
+  const std::size_t batches = numel(p.batch);
+  if (p.fold) {
+    gemm(false, false, batches * p.n, p.m, p.k, A, B, T(0), y.data());
+  } else {
+    for (std::size_t i = 0; i < batches; ++i)
+      gemm(false, false, p.n, p.m, p.k, A + p.a_off[i], B + p.b_off[i], T(0), y.data() + i * p.n * p.m);
+  }
+  return record_op<T>("matmul", std::move(y), {&a, &b}, [a, b, p, sa, sb](BackwardContext<T>& ctx) {
+    // forward was Y_i = A_i B_i, so dA_i += dY_i B_iᵀ and dB_i += A_iᵀ dY_i; a broadcast operand
+    // gets the sum over the batch entries that shared it (gemm with beta = 1).
+    const T* G = ctx.grad().data();
+    const T* A = a.value<T>().data();
+    const T* B = b.value<T>().data();
+    const std::size_t batches = numel(p.batch);
+    if (ctx.needs(0)) {
+      Array<T> ga = Array<T>::from_shape(sa);
+      if (p.fold) {
+        gemm(false, true, batches * p.n, p.k, p.m, G, B, T(0), ga.data());
+      } else {
+        ga.fill(T(0));
+        for (std::size_t i = 0; i < batches; ++i)
+          gemm(false, true, p.n, p.k, p.m, G + i * p.n * p.m, B + p.b_off[i], T(1), ga.data() + p.a_off[i]);
+      }
+      ctx.accumulate(0, std::move(ga));
+    }
+    if (ctx.needs(1)) {
+      Array<T> gb = Array<T>::from_shape(sb);
+      if (p.fold) {
+        gemm(true, false, p.k, p.m, batches * p.n, A, G, T(0), gb.data());
+      } else {
+        gb.fill(T(0));
+        for (std::size_t i = 0; i < batches; ++i)
+          gemm(true, false, p.k, p.m, p.n, A + p.a_off[i], G + i * p.n * p.m, T(1), gb.data() + p.b_off[i]);
+      }
+      ctx.accumulate(1, std::move(gb));
+    }
+  });
+}
+
+std::vector<std::int64_t> signed_shape(const Shape& s) { return std::vector<std::int64_t>(s.begin(), s.end()); }
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_inputs("matmul", {&a, &b});
+  const Shape sa = a.shape(), sb = b.shape();
+  if (sa.empty() || sb.empty())
+    fail("matmul", "{} @ {}: both operands need at least one dimension", to_string(sa), to_string(sb));
+  const std::size_t k_a = sa.back(), k_b = sb.size() == 1 ? sb[0] : sb[sb.size() - 2];
+  if (k_a != k_b)
+    fail("matmul", "{} @ {}: inner dimensions {} and {} differ", to_string(sa), to_string(sb), k_a, k_b);
+  for (const Shape* s : {&sa, &sb})
+    if (numel(*s) > static_cast<std::size_t>(INT_MAX))
+      fail("matmul", "{} @ {}: an operand exceeds BLAS's int range", to_string(sa), to_string(sb));
+  // A 1-D operand is a row (left) or column (right) vector whose dimension the result drops.
+  const bool a_vector = sa.size() == 1, b_vector = sb.size() == 1;
+  if (a_vector || b_vector) {
+    const Tensor y = matmul(a_vector ? reshape(a, {1, std::int64_t(k_a)}) : a,
+                            b_vector ? reshape(b, {std::int64_t(k_b), 1}) : b);
+    Shape s = y.shape();  // (..., n, m)
+    if (b_vector) s.pop_back();
+    if (a_vector) s.erase(s.end() - (b_vector ? 1 : 2));
+    return reshape(y, signed_shape(s));
+  }
+  return dispatch(a.dtype(), [&](auto t) { return matmul_nd<decltype(t)>(a, b); });
+}
+
+}  // namespace qkv

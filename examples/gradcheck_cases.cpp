@@ -1,0 +1,174 @@
+#include "examples/gradcheck_cases.hpp"
+
+#include <cmath>
+
+#include "core/ops.hpp"
+
+namespace qkv::examples {
+
+namespace {
+
+using Inputs = std::vector<Tensor>;
+
+// A float64 leaf that requires grad, drawn from N(0, 1), or uniform in [low, high).
+Tensor normal_input(const Shape& shape, Generator& gen) {
+  Tensor t = randn(shape, DType::float64, gen);
+  t.requires_grad_();
+  return t;
+}
+Tensor uniform_input(const Shape& shape, double low, double high, Generator& gen) {
+  Tensor t = uniform(shape, low, high, DType::float64, gen);
+  t.requires_grad_();
+  return t;
+}
+// Entries drawn away from a kink at 0 (relu), |x| ≥ 0.1.
+Tensor away_from_zero_input(const Shape& shape, Generator& gen) {
+  Tensor t = randn(shape, DType::float64, gen);
+  for (double& v : t.mutable_value<double>()) v = std::copysign(0.1 + std::abs(v), v);
+  t.requires_grad_();
+  return t;
+}
+
+struct Catalogue {
+  std::vector<GradcheckCase> cases;
+  std::uint64_t seed = 1;
+
+  // f over inputs made by `make` from a generator seeded per case.
+  template <class Make>
+  void add(std::string op, std::string name, Make make, GradcheckFunction f, GradcheckOptions options = {}) {
+    cases.push_back({std::move(op), std::move(name), [s = seed++, make, f, options] {
+      Generator gen(s);
+      return gradcheck(f, make(gen), options);
+    }});
+  }
+};
+
+std::vector<GradcheckCase> build() {
+  Catalogue c;
+  const auto two = [](Shape a, Shape b) {
+    return [a, b](Generator& g) { return Inputs{normal_input(a, g), normal_input(b, g)}; };
+  };
+  const auto one = [](Shape a) { return [a](Generator& g) { return Inputs{normal_input(a, g)}; }; };
+
+  // Broadcasting arithmetic.
+  c.add("add", "add (2,3,4)+(4)", two({2, 3, 4}, {4}), [](const Inputs& x) { return x[0] + x[1]; });
+  c.add("add", "add (3,1)+(1,4)", two({3, 1}, {1, 4}), [](const Inputs& x) { return x[0] + x[1]; });
+  c.add("sub", "sub (2,3)-(3)", two({2, 3}, {3}), [](const Inputs& x) { return x[0] - x[1]; });
+  c.add("sub", "sub (3,1)-(1,4)", two({3, 1}, {1, 4}), [](const Inputs& x) { return x[0] - x[1]; });
+  c.add("mul", "mul (3,1)*(1,4)", two({3, 1}, {1, 4}), [](const Inputs& x) { return x[0] * x[1]; });
+  c.add("mul", "mul (2,3,4)*(4)", two({2, 3, 4}, {4}), [](const Inputs& x) { return x[0] * x[1]; });
+  c.add("div", "div (2,3)/(2,1)", [](Generator& g) {
+    return Inputs{normal_input({2, 3}, g), uniform_input({2, 1}, 0.5, 2.0, g)};
+  }, [](const Inputs& x) { return x[0] / x[1]; });
+  c.add("neg", "neg (2,3)", one({2, 3}), [](const Inputs& x) { return -x[0]; });
+
+  // matmul.
+  c.add("matmul", "matmul (3,4)@(4,5)", two({3, 4}, {4, 5}), [](const Inputs& x) { return matmul(x[0], x[1]); });
+  c.add("matmul", "matmul (2,3,4)@(4,5)", two({2, 3, 4}, {4, 5}), [](const Inputs& x) { return matmul(x[0], x[1]); });
+  c.add("matmul", "matmul (2,3,4)@(2,4,5)", two({2, 3, 4}, {2, 4, 5}), [](const Inputs& x) { return matmul(x[0], x[1]); });
+  c.add("matmul", "matmul (2,1,3,4)@(3,4,2) broadcast batch", two({2, 1, 3, 4}, {3, 4, 2}),
+        [](const Inputs& x) { return matmul(x[0], x[1]); });
+  c.add("matmul", "matmul (3,4)@(2,4,5) broadcast batch", two({3, 4}, {2, 4, 5}),
+        [](const Inputs& x) { return matmul(x[0], x[1]); });
+  c.add("matmul", "matmul (4)@(4,3) vector", two({4}, {4, 3}), [](const Inputs& x) { return matmul(x[0], x[1]); });
+  c.add("matmul", "matmul (2,3,4)@(4) vector", two({2, 3, 4}, {4}), [](const Inputs& x) { return matmul(x[0], x[1]); });
+
+  // Moves of elements.
+  c.add("reshape", "reshape (2,3,4)->(6,-1)", one({2, 3, 4}), [](const Inputs& x) { return reshape(x[0], {6, -1}); });
+  c.add("permute", "permute (2,3,4) by (2,0,1)", one({2, 3, 4}), [](const Inputs& x) { return permute(x[0], {2, 0, 1}); });
+  c.add("transpose", "transpose (2,3,4) axes 0,2", one({2, 3, 4}), [](const Inputs& x) { return transpose(x[0], 0, 2); });
+  c.add("slice", "slice (3,5) axis 1 [1,4)", one({3, 5}), [](const Inputs& x) { return slice(x[0], 1, 1, 4); });
+  c.add("slice", "slice (4,3) axis 0 [-2,4)", one({4, 3}), [](const Inputs& x) { return slice(x[0], 0, -2, 4); });
+  c.add("concat", "concat (2,1),(2,3),(2,2) axis 1", [](Generator& g) {
+    return Inputs{normal_input({2, 1}, g), normal_input({2, 3}, g), normal_input({2, 2}, g)};
+  }, [](const Inputs& x) { return concat(x, 1); });
+  c.add("split", "split (2,5) sizes (2,3) axis 1", one({2, 5}), [](const Inputs& x) {
+    auto parts = split(x[0], std::vector<std::size_t>{2, 3}, 1);
+    return matmul(transpose(parts[0], 0, 1), parts[1]);  // (2,2)ᵀ @ (2,3): both pieces, differently
+  });
+  c.add("split", "split (5,2) size 2 axis 0", one({5, 2}), [](const Inputs& x) {
+    auto parts = split(x[0], std::size_t(2), 0);
+    return parts[0] * parts[1] + sum(parts[2]);
+  });
+
+  // Reductions over each axis, with and without keepdim, and over all.
+  for (const char* op : {"sum", "mean", "max"}) {
+    const auto reduce = [op = std::string(op)](const Tensor& x, std::vector<std::int64_t> axes, bool keepdim) {
+      return op == "sum" ? sum(x, axes, keepdim) : op == "mean" ? mean(x, axes, keepdim) : max(x, axes, keepdim);
+    };
+    for (std::int64_t axis : {0, 1, 2})
+      for (bool keepdim : {false, true})
+        c.add(op, fmt::format("{} (2,3,4) axis {}{}", op, axis, keepdim ? " keepdim" : ""), one({2, 3, 4}),
+              [reduce, axis, keepdim](const Inputs& x) { return reduce(x[0], {axis}, keepdim); });
+    c.add(op, fmt::format("{} (2,3,4) axes (0,2)", op), one({2, 3, 4}),
+          [reduce](const Inputs& x) { return reduce(x[0], {0, 2}, false); });
+    c.add(op, fmt::format("{} (2,3,4) all", op), one({2, 3, 4}), [reduce](const Inputs& x) { return reduce(x[0], {}, false); });
+  }
+
+  // Pointwise functions.
+  c.add("exp", "exp (2,3)", one({2, 3}), [](const Inputs& x) { return exp(x[0]); });
+  c.add("log", "log (2,3) in [0.5,2)", [](Generator& g) { return Inputs{uniform_input({2, 3}, 0.5, 2.0, g)}; },
+        [](const Inputs& x) { return log(x[0]); });
+  c.add("sqrt", "sqrt (2,3) in [0.5,2)", [](Generator& g) { return Inputs{uniform_input({2, 3}, 0.5, 2.0, g)}; },
+        [](const Inputs& x) { return sqrt(x[0]); });
+  c.add("pow", "pow (2,3) in [0.5,2) ^ 2.5", [](Generator& g) { return Inputs{uniform_input({2, 3}, 0.5, 2.0, g)}; },
+        [](const Inputs& x) { return pow(x[0], 2.5); });
+  c.add("pow", "pow (2,3) ^ 3", one({2, 3}), [](const Inputs& x) { return pow(x[0], 3.0); });
+  c.add("tanh", "tanh (2,3)", one({2, 3}), [](const Inputs& x) { return tanh(x[0]); });
+  c.add("relu", "relu (2,3) away from 0", [](Generator& g) { return Inputs{away_from_zero_input({2, 3}, g)}; },
+        [](const Inputs& x) { return relu(x[0]); });
+  c.add("gelu", "gelu (2,3) erf", one({2, 3}), [](const Inputs& x) { return gelu(x[0]); });
+  c.add("gelu", "gelu (2,3) tanh approximation", one({2, 3}),
+        [](const Inputs& x) { return gelu(x[0], GeluApproximation::tanh); });
+  c.add("cast", "cast float64 -> float64 (2,3)", one({2, 3}), [](const Inputs& x) { return cast(x[0], DType::float64); });
+
+  // Softmax family and masking.
+  const MaskArray causal = {{false, true, true}, {false, false, true}, {false, false, false}};
+  c.add("softmax", "softmax (2,3,4) axis -1", one({2, 3, 4}), [](const Inputs& x) { return softmax(x[0], -1); });
+  c.add("softmax", "softmax (2,3,4) axis 1", one({2, 3, 4}), [](const Inputs& x) { return softmax(x[0], 1); });
+  c.add("log_softmax", "log_softmax (2,3,4) axis -1", one({2, 3, 4}), [](const Inputs& x) { return log_softmax(x[0], -1); });
+  c.add("log_softmax", "log_softmax (2,3,4) axis 0", one({2, 3, 4}), [](const Inputs& x) { return log_softmax(x[0], 0); });
+  c.add("masked_fill", "masked_fill (2,3,3) causal mask, value 0.5", one({2, 3, 3}),
+        [causal](const Inputs& x) { return masked_fill(x[0], causal, 0.5); });
+  c.add("masked_fill", "softmax of masked_fill(-inf) (2,3,3) causal", one({2, 3, 3}), [causal](const Inputs& x) {
+    return softmax(masked_fill(x[0], causal, -INFINITY), -1);
+  });
+  c.add("log_softmax", "log_softmax of masked_fill(-inf) (2,3,3) causal", one({2, 3, 3}), [causal](const Inputs& x) {
+    return masked_fill(log_softmax(masked_fill(x[0], causal, -INFINITY), -1), causal, 0.0);  // -inf → 0
+  });
+
+  // Losses and lookups.
+  c.add("cross_entropy", "cross_entropy (4,5)", one({4, 5}),
+        [](const Inputs& x) { return cross_entropy(x[0], IndexArray{0, 3, 4, 1}); });
+  c.add("cross_entropy", "cross_entropy (2,3,5) ignore_index -1", one({2, 3, 5}),
+        [](const Inputs& x) { return cross_entropy(x[0], IndexArray{{2, -1, 0}, {4, 4, -1}}, -1); });
+  c.add("embedding", "embedding (5,3) indices (2,3) with repeats", one({5, 3}),
+        [](const Inputs& x) { return embedding(x[0], IndexArray{{1, 4, 1}, {0, 1, 2}}); });
+  c.add("layer_norm", "layer_norm (2,3,4) weight and bias", [](Generator& g) {
+    return Inputs{normal_input({2, 3, 4}, g), normal_input({4}, g), normal_input({4}, g)};
+  }, [](const Inputs& x) { return layer_norm(x[0], x[1], x[2]); });
+  c.add("layer_norm", "layer_norm (3,5) no affine", one({3, 5}),
+        [](const Inputs& x) { return layer_norm(x[0], Tensor(), Tensor()); });
+  c.add("dropout", "dropout (4,5) p=0.3 fixed seed", one({4, 5}), [](const Inputs& x) {
+    Generator gen(7);  // the same mask on every call
+    return dropout(x[0], 0.3, true, gen);
+  });
+
+  // Graphs: one tensor feeding two ops accumulates both contributions; a small attention.
+  c.add("graph", "graph x*x + exp(x): one tensor feeds two ops", one({2, 3}),
+        [](const Inputs& x) { return x[0] * x[0] + exp(x[0]); });
+  c.add("graph", "graph softmax(q kᵀ/√d) v", [](Generator& g) {
+    return Inputs{normal_input({2, 3, 4}, g), normal_input({2, 5, 4}, g), normal_input({2, 5, 2}, g)};
+  }, [](const Inputs& x) { return matmul(softmax(matmul(x[0], transpose(x[1], 1, 2)) / 2.0, -1), x[2]); });
+
+  return std::move(c.cases);
+}
+
+}  // namespace
+
+const std::vector<GradcheckCase>& gradcheck_cases() {
+  static const std::vector<GradcheckCase> cases = build();
+  return cases;
+}
+
+}  // namespace qkv::examples

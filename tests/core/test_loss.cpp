@@ -1,0 +1,42 @@
+#include "tests/helpers.hpp"
+
+using namespace qkv;
+using namespace qkv::test;
+using Catch::Matchers::Contains;
+
+TEST_CASE("cross_entropy is the mean negative log-probability of the targets") {
+  // Row 0: softmax(1,2,3)[2] = 0.6652409557748219; row 1: uniform over 3 classes.
+  const Tensor logits = f64({{1, 2, 3}, {0, 0, 0}});
+  check_close(cross_entropy(logits, IndexArray{2, 1}), Array<double>((-std::log(0.6652409557748219) + std::log(3.0)) / 2));
+}
+
+TEST_CASE("cross_entropy takes (..., C) logits with the class dimension last") {
+  const Tensor logits = f64({{{0, 0}, {0, std::log(3.0)}}});  // (1,2,2)
+  check_close(cross_entropy(logits, IndexArray{{0, 1}}), Array<double>((std::log(2.0) - std::log(0.75)) / 2));
+}
+
+TEST_CASE("ignored targets leave the mean and get no gradient") {
+  Tensor logits = f64({{1, 2, 3}, {5, 5, 5}}, true);
+  const Tensor loss = cross_entropy(logits, IndexArray{2, -100});
+  check_close(loss, Array<double>(-std::log(0.6652409557748219)));
+  loss.backward();
+  // d loss / d logits = softmax − onehot for the counted row, over 1 counted row.
+  check_close(logits.grad(), {{0.09003057317038046, 0.24472847105479767, 0.6652409557748219 - 1}, {0, 0, 0}});
+}
+
+TEST_CASE("when every target is ignored the loss is 0, not NaN") {
+  Tensor logits = f64({{1, 2}}, true);
+  const Tensor loss = cross_entropy(logits, IndexArray{-1}, -1);
+  CHECK(loss.item() == 0);
+  loss.backward();
+  check_close(logits.grad(), {{0, 0}});
+}
+
+TEST_CASE("cross_entropy errors name the target or the shapes at fault") {
+  const Tensor logits = zeros({2, 3}, DType::float64);
+  CHECK(invalid_argument_message([&] { cross_entropy(logits, IndexArray{0, 3}); }) ==
+        "cross_entropy: target 3 at flat index 1 is out of range for 3 classes (ignore_index is -100)");
+  CHECK_THAT(invalid_argument_message([&] { cross_entropy(logits, IndexArray{0, -2}); }), Contains("target -2"));
+  CHECK_THAT(invalid_argument_message([&] { cross_entropy(logits, IndexArray{0, 1, 2}); }),
+             Contains("logits (2,3) need targets of shape (2)") && Contains("got (3)"));
+}

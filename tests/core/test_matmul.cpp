@@ -1,0 +1,65 @@
+#include "tests/helpers.hpp"
+
+using namespace qkv;
+using namespace qkv::test;
+using Catch::Matchers::Contains;
+
+namespace {
+// The textbook triple loop, as an independent reference for 2-D products.
+Array<double> reference_matmul(const Array<double>& a, const Array<double>& b) {
+  Array<double> c = xt::zeros<double>(Shape{a.shape()[0], b.shape()[1]});
+  for (std::size_t i = 0; i < a.shape()[0]; ++i)
+    for (std::size_t j = 0; j < b.shape()[1]; ++j)
+      for (std::size_t k = 0; k < a.shape()[1]; ++k) c(i, j) += a(i, k) * b(k, j);
+  return c;
+}
+}  // namespace
+
+TEST_CASE("matmul of 2-D matrices against hand-computed values") {
+  check_close(matmul(f64({{1, 2, 3}, {4, 5, 6}}), f64({{7, 8}, {9, 10}, {11, 12}})), {{58, 64}, {139, 154}});
+  check_close(matmul(f32({{1, 2}, {3, 4}}), f32({{1, 0}, {0, 1}})), {{1, 2}, {3, 4}}, 0);
+}
+
+TEST_CASE("matmul with 1-D operands drops the vector's dimension") {
+  check_close(matmul(f64({1, 2}), f64({{1, 2, 3}, {4, 5, 6}})), {9, 12, 15});
+  check_close(matmul(f64({{1, 2}, {3, 4}}), f64({1, 1})), {3, 7});
+  check_close(matmul(f64({1, 2}), f64({3, 4})), Array<double>(11.0));
+}
+
+TEST_CASE("batched matmul broadcasts batch dimensions") {
+  Generator gen(3);
+  const Tensor a = randn({2, 1, 3, 4}, DType::float64, gen);  // batch (2,1)
+  const Tensor b = randn({3, 4, 5}, DType::float64, gen);     // batch (3)
+  const Tensor y = matmul(a, b);
+  REQUIRE(y.shape() == Shape{2, 3, 3, 5});
+  const auto& av = a.value<double>();
+  const auto& bv = b.value<double>();
+  for (std::size_t i = 0; i < 2; ++i)
+    for (std::size_t j = 0; j < 3; ++j) {
+      INFO("batch " << i << "," << j);
+      const Array<double> ai = xt::view(av, i, 0), bj = xt::view(bv, j);
+      check_close(Array<double>(xt::view(y.value<double>(), i, j)), reference_matmul(ai, bj));
+    }
+}
+
+TEST_CASE("matmul gradients: dA = dY Bᵀ and dB = Aᵀ dY, summed over broadcast batches") {
+  Tensor a = f64({{1, 2}, {3, 4}}, true);
+  Tensor b = f64({{5, 6}, {7, 8}}, true);
+  sum(matmul(a, b)).backward();
+  check_close(a.grad(), {{11, 15}, {11, 15}});  // row sums of B
+  check_close(b.grad(), {{4, 4}, {6, 6}});      // column sums of A
+  // The same (2,2) weight used by a batch of 3: its gradient is the sum over the batch.
+  Tensor w = f64({{1, 0}, {0, 1}}, true);
+  Tensor x = f64({{{1, 2}}, {{3, 4}}, {{5, 6}}});  // (3,1,2)
+  sum(matmul(x, w)).backward();
+  check_close(w.grad(), {{9, 9}, {12, 12}});
+}
+
+TEST_CASE("matmul errors name the shapes at fault") {
+  CHECK(invalid_argument_message([] { matmul(f64({{1, 2, 3}, {4, 5, 6}}), zeros({4, 5}, DType::float64)); }) ==
+        "matmul: (2,3) @ (4,5): inner dimensions 3 and 4 differ");
+  CHECK_THAT(invalid_argument_message([] { matmul(zeros({2, 3, 4}, DType::float64), zeros({3, 4, 5}, DType::float64)); }),
+             Contains("batch dimensions (2) and (3) cannot broadcast"));
+  CHECK_THAT(invalid_argument_message([] { matmul(scalar(1, DType::float64), f64({1})); }),
+             Contains("at least one dimension"));
+}

@@ -1,0 +1,30 @@
+#include "tests/helpers.hpp"
+
+#include <set>
+
+#include "examples/gradcheck_cases.hpp"
+
+using qkv::examples::gradcheck_cases;
+
+TEST_CASE("every configuration in the gradcheck catalogue passes") {
+  for (const auto& c : gradcheck_cases()) {
+    DYNAMIC_SECTION(c.name) {
+      const qkv::GradcheckResult r = c.run();
+      INFO(r.failure);
+      CHECK(r.passed);
+      CHECK(r.checked > 0);
+    }
+  }
+}
+
+TEST_CASE("the gradcheck catalogue covers every op") {
+  std::set<std::string> covered;
+  for (const auto& c : gradcheck_cases()) covered.insert(c.op);
+  for (const char* op : {"add", "sub", "mul", "div", "neg", "matmul", "reshape", "permute", "transpose", "slice",
+                         "concat", "split", "sum", "mean", "max", "exp", "log", "sqrt", "pow", "tanh", "relu", "gelu",
+                         "softmax", "log_softmax", "masked_fill", "cross_entropy", "embedding", "layer_norm",
+                         "dropout", "cast"}) {
+    INFO(op);
+    CHECK(covered.count(op) == 1);
+  }
+}

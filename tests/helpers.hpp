@@ -1,0 +1,62 @@
+#pragma once
+// Test helpers: float64 tensors from literals, element-wise comparison, gradcheck assertions.
+#include "core/xarray.hpp"  // before any other xtensor header: see the note in it
+
+#include <catch2/catch.hpp>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+#include <string>
+
+#include "core/autograd.hpp"
+#include "core/gradcheck.hpp"
+#include "core/ops.hpp"
+
+namespace qkv::test {
+
+// Values in row-major order, in the given shape.
+inline Array<double> shaped(std::initializer_list<double> values, const Shape& shape) {
+  Array<double> a = Array<double>::from_shape(shape);
+  REQUIRE(a.size() == values.size());
+  std::copy(values.begin(), values.end(), a.begin());
+  return a;
+}
+// A (n,1) column: {{1}, {2}} is ambiguous between xarray's 1-D and 2-D initializer lists.
+inline Array<double> column(std::initializer_list<double> values) { return shaped(values, {values.size(), 1}); }
+
+inline Tensor f64(Array<double> value, bool requires_grad = false) { return Tensor(std::move(value), requires_grad); }
+inline Tensor f32(Array<float> value, bool requires_grad = false) { return Tensor(std::move(value), requires_grad); }
+
+// Every element of `actual` within `tolerance` of `expected`, and the same shape.
+inline void check_close(const Array<double>& actual, const Array<double>& expected, double tolerance = 1e-12) {
+  REQUIRE(to_string(to_shape(actual.shape())) == to_string(to_shape(expected.shape())));
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    INFO("flat index " << i);
+    CHECK(actual.data()[i] == Approx(expected.data()[i]).margin(tolerance).epsilon(0));
+  }
+}
+inline void check_close(const Tensor& actual, const Array<double>& expected, double tolerance = 1e-12) {
+  REQUIRE(actual.defined());
+  check_close(actual.dtype() == DType::float64 ? actual.value<double>() : actual.to(DType::float64).value<double>(),
+              expected, tolerance);
+}
+
+inline void check_gradients(const GradcheckFunction& f, const std::vector<Tensor>& inputs, GradcheckOptions options = {}) {
+  const GradcheckResult r = gradcheck(f, inputs, options);
+  INFO(r.failure);
+  CHECK(r.passed);
+  CHECK(r.checked > 0);
+}
+
+// The message of the std::invalid_argument that `f` throws ("" if it throws none).
+template <class F>
+std::string invalid_argument_message(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace qkv::test
