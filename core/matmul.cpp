@@ -158,4 +158,57 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return dispatch(a.dtype(), [&](auto t) { return matmul_nd<decltype(t)>(a, b); });
 }
 
+namespace {
+
+template <class T>
+Tensor linear_rows(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const Shape sx = x.shape();
+  const std::size_t in = sx.back(), out = weight.shape()[0], N = numel(sx) / std::max<std::size_t>(in, 1);
+  Shape sy = sx;
+  sy.back() = out;
+  // y (N, out) = x (N, in) · Wᵀ, then + b on every row.
+  Array<T> y = Array<T>::from_shape(sy);
+  gemm(false, true, N, out, in, x.value<T>().data(), weight.value<T>().data(), T(0), y.data());
+  if (bias.defined()) {
+    const T* b = bias.value<T>().data();
+    for (std::size_t i = 0; i < N; ++i)
+      for (std::size_t o = 0; o < out; ++o) y.data()[i * out + o] += b[o];
+  }
+  return record_op<T>("linear", std::move(y), {&x, &weight, &bias}, [x, weight, N, in, out](BackwardContext<T>& ctx) {
+    // forward was y = x Wᵀ + b, so dx = dy W, dW = dyᵀ x, db = Σ_rows dy.
+    const T* g = ctx.grad().data();
+    if (ctx.needs(0)) {
+      Array<T> dx = Array<T>::from_shape(x.shape());
+      gemm(false, false, N, in, out, g, weight.value<T>().data(), T(0), dx.data());
+      ctx.accumulate(0, std::move(dx));
+    }
+    if (ctx.needs(1)) {
+      Array<T> dw = Array<T>::from_shape(weight.shape());
+      gemm(true, false, out, in, N, g, x.value<T>().data(), T(0), dw.data());
+      ctx.accumulate(1, std::move(dw));
+    }
+    if (ctx.needs(2)) {
+      Array<T> db = xt::zeros<T>(Shape{out});
+      for (std::size_t i = 0; i < N; ++i)
+        for (std::size_t o = 0; o < out; ++o) db.data()[o] += g[i * out + o];
+      ctx.accumulate(2, std::move(db));
+    }
+  });
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  std::vector<const Tensor*> given{&x, &weight};
+  if (bias.defined()) given.push_back(&bias);
+  check_inputs("linear", given);
+  const Shape sx = x.shape(), sw = weight.shape();
+  if (sw.size() != 2) fail("linear", "weight must be (out, in), got {}", to_string(sw));
+  if (sx.empty() || sx.back() != sw[1])
+    fail("linear", "input {} does not end in the weight's in-features {} (weight {})", to_string(sx), sw[1], to_string(sw));
+  if (bias.defined() && bias.shape() != Shape{sw[0]})
+    fail("linear", "bias has shape {} but the weight {} needs ({})", to_string(bias.shape()), to_string(sw), sw[0]);
+  return dispatch(x.dtype(), [&](auto t) { return linear_rows<decltype(t)>(x, weight, bias); });
+}
+
 }  // namespace qkv

@@ -44,6 +44,9 @@ Tensor operator/(double a, const Tensor& b);
 // --- matmul.cpp: (..., n, k) @ (..., k, m) -> (..., n, m) with broadcast batch dimensions,
 // through BLAS gemm. A 1-D operand is a row (left) or a column (right) vector, as in numpy.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// As torch.nn.functional.linear: x (..., in), weight (out, in), bias (out) or undefined ->
+// x Wᵀ + b (..., out), as one gemm with no transposed copy of the weight.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // --- shape_ops.cpp
 Tensor reshape(const Tensor& x, const std::vector<std::int64_t>& shape);  // one entry may be -1

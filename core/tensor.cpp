@@ -1,5 +1,6 @@
 #include "core/tensor.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "core/detail/op.hpp"
@@ -128,6 +129,29 @@ Tensor Tensor::detach() const {
   auto node = std::make_shared<Node>();
   node->value = checked(node_, "detach").value;
   return Tensor(std::move(node));
+}
+
+Tensor& Tensor::copy_(const Tensor& source) {
+  checked(node_, "copy_");
+  checked(source.node_, "copy_");
+  if (source.shape() != shape())
+    fail("copy_", "source of shape {} into a tensor of shape {}", to_string(source.shape()), to_string(shape()));
+  std::visit([](auto& to, const auto& from) { std::copy(from.begin(), from.end(), to.begin()); }, *node_->value,
+             *source.node_->value);
+  return *this;
+}
+
+Tensor& Tensor::set_data(const Tensor& source) {
+  checked(node_, "set_data");
+  checked(source.node_, "set_data");
+  if (!is_leaf()) fail("set_data", "only a leaf's value can be replaced");
+  node_->value = source.node_->value;
+  if (node_->slot) {
+    node_->slot->grad.reset();
+    node_->slot->shape = shape();
+    node_->slot->dtype = dtype();
+  }
+  return *this;
 }
 
 namespace {

@@ -68,6 +68,13 @@ class Tensor {
   // A copy in another dtype; differentiable.
   Tensor to(DType dtype) const;
 
+  // In place, not recorded: copies source's elements (converting the dtype) into this tensor,
+  // whose shape must match. As torch's copy_ under no_grad; for loading parameters.
+  Tensor& copy_(const Tensor& source);
+  // Replaces a leaf's value (any shape or dtype) by source's, shared; drops the gradient. As
+  // `param.data = source`; for converting a module's parameters.
+  Tensor& set_data(const Tensor& source);
+
   // True when both handles refer to the same tensor.
   bool is_same(const Tensor& other) const { return node_ == other.node_; }
 

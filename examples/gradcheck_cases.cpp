@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/ops.hpp"
+#include "nn/attention.hpp"
 
 namespace qkv::examples {
 
@@ -33,15 +34,118 @@ struct Catalogue {
   std::vector<GradcheckCase> cases;
   std::uint64_t seed = 1;
 
-  // f over inputs made by `make` from a generator seeded per case.
-  template <class Make>
-  void add(std::string op, std::string name, Make make, GradcheckFunction f, GradcheckOptions options = {}) {
-    cases.push_back({std::move(op), std::move(name), [s = seed++, make, f, options] {
+  // setup(gen) -> {inputs, f}, from a generator seeded per case. A module's f owns the module,
+  // and its parameters are among the inputs.
+  template <class Setup>
+  void add_setup(std::string op, std::string name, Setup setup, GradcheckOptions options = {}) {
+    cases.push_back({std::move(op), std::move(name), [s = seed++, setup, options] {
       Generator gen(s);
-      return gradcheck(f, make(gen), options);
+      auto [inputs, f] = setup(gen);
+      return gradcheck(f, inputs, options);
     }});
   }
+
+  // f over inputs made by `make`.
+  template <class Make>
+  void add(std::string op, std::string name, Make make, GradcheckFunction f, GradcheckOptions options = {}) {
+    add_setup(std::move(op), std::move(name), [make, f](Generator& gen) { return std::pair(make(gen), f); }, options);
+  }
 };
+
+// The inputs followed by every parameter of the module.
+Inputs with_parameters(Inputs inputs, const nn::Module& m) {
+  for (const Tensor& p : m.parameters()) inputs.push_back(p);
+  return inputs;
+}
+
+// Every module, with respect to its inputs and every parameter.
+void add_module_cases(Catalogue& c) {
+  using namespace nn;
+  const auto f64 = DType::float64;
+  c.add_setup("Linear", "Linear 4->3", [=](Generator& g) {
+    auto m = std::make_shared<Linear>(4, 3, true, f64, g);
+    return std::pair(with_parameters({normal_input({2, 5, 4}, g)}, *m), GradcheckFunction([m](const Inputs& x) { return (*m)(x[0]); }));
+  });
+  c.add_setup("Linear", "Linear 4->3 no bias", [=](Generator& g) {
+    auto m = std::make_shared<Linear>(4, 3, false, f64, g);
+    return std::pair(with_parameters({normal_input({5, 4}, g)}, *m), GradcheckFunction([m](const Inputs& x) { return (*m)(x[0]); }));
+  });
+  c.add_setup("Embedding", "Embedding 6x3", [=](Generator& g) {
+    auto m = std::make_shared<Embedding>(6, 3, f64, g);
+    return std::pair(with_parameters({}, *m), GradcheckFunction([m](const Inputs&) { return (*m)(IndexArray{{5, 0, 5}, {2, 2, 1}}); }));
+  });
+  c.add_setup("LayerNorm", "LayerNorm 5 (perturbed affine)", [=](Generator& g) {
+    auto m = std::make_shared<LayerNorm>(5, 1e-5, true, f64);
+    m->weight.copy_(randn({5}, f64, g));
+    m->bias.copy_(randn({5}, f64, g));
+    return std::pair(with_parameters({normal_input({2, 3, 5}, g)}, *m), GradcheckFunction([m](const Inputs& x) { return (*m)(x[0]); }));
+  });
+  c.add_setup("LearnedPositionalEncoding", "LearnedPositionalEncoding max_len 6, offset 2", [=](Generator& g) {
+    auto m = std::make_shared<LearnedPositionalEncoding>(6, 3, f64, g);
+    return std::pair(with_parameters({normal_input({2, 4, 3}, g)}, *m), GradcheckFunction([m](const Inputs& x) { return (*m)(x[0], 2); }));
+  });
+  c.add_setup("SinusoidalPositionalEncoding", "SinusoidalPositionalEncoding max_len 8", [=](Generator& g) {
+    auto m = std::make_shared<SinusoidalPositionalEncoding>(8, 4);
+    return std::pair(Inputs{normal_input({2, 5, 4}, g)}, GradcheckFunction([m](const Inputs& x) { return (*m)(x[0], 1); }));
+  });
+
+  // MultiHeadAttention: each option alone and in combination. B = 2, Tq = 4, d_model = 8.
+  struct Config {
+    std::string name;
+    MultiHeadAttentionOptions options;
+    AttentionMask mask;
+    bool cross = false;  // query, key and value from separate inputs, Tk = 3
+  };
+  MaskArray padding = {{true, true, true, false}, {true, false, false, false}};  // (B, Tk)
+  MaskArray cross_padding = {{true, true, false}, {false, true, true}};
+  MaskArray band = xt::ones<bool>(Shape{4, 4});  // an arbitrary (Tq, Tk) mask: no look 2+ back
+  for (std::size_t i = 0; i < 4; ++i)
+    for (std::size_t j = 0; j + 2 <= i; ++j) band(i, j) = false;
+  const auto opts = [](std::size_t heads, auto edit) {
+    MultiHeadAttentionOptions o;
+    o.d_model = 8;
+    o.n_heads = heads;
+    o.dtype = DType::float64;
+    edit(o);
+    return o;
+  };
+  const auto same = [](MultiHeadAttentionOptions&) {};
+  std::vector<Config> configs = {
+      {"default", opts(2, same), {}},
+      {"causal", opts(2, same), {.causal = true}},
+      {"causal+padding", opts(2, same), {.causal = true, .key_padding = padding}},
+      {"mask", opts(2, same), {.allowed = band}},
+      {"causal+padding+mask", opts(2, same), {.causal = true, .key_padding = padding, .allowed = band}},
+      {"cross kdim=5 vdim=6", opts(2, [](auto& o) { o.kdim = 5; o.vdim = 6; }), {}, true},
+      {"cross+GQA", opts(4, [](auto& o) { o.n_kv_heads = 2; o.kdim = 5; o.vdim = 6; }), {.key_padding = cross_padding}, true},
+      {"GQA+causal", opts(4, [](auto& o) { o.n_kv_heads = 2; }), {.causal = true}},
+      {"MQA", opts(4, [](auto& o) { o.n_kv_heads = 1; }), {.causal = true}},
+      {"tied", opts(2, [](auto& o) { o.qk = QK::tied; }), {}},
+      {"tied+causal", opts(2, [](auto& o) { o.qk = QK::tied; }), {.causal = true}},
+      {"no bias", opts(2, [](auto& o) { o.qkv_bias = false; o.out_bias = false; }), {.causal = true}},
+      {"qkv bias only", opts(2, [](auto& o) { o.out_bias = false; }), {}},
+      {"d_v=3 != d_head=4", opts(2, [](auto& o) { o.d_v = 3; }), {.causal = true}},
+      {"d_head=3 (d_model 8, 2 heads)", opts(2, [](auto& o) { o.d_head = 3; }), {}},
+      {"scale=0.7", opts(2, [](auto& o) { o.scale = 0.7; }), {.causal = true}},
+      {"identity", opts(2, [](auto& o) { o.proj = Projection::identity; }), {.causal = true}},
+      {"frozen", opts(2, [](auto& o) { o.proj = Projection::frozen; }), {.causal = true}},
+  };
+  for (const Config& cfg : configs) {
+    c.add_setup("MultiHeadAttention", "MultiHeadAttention " + cfg.name, [cfg](Generator& g) {
+      auto m = std::make_shared<MultiHeadAttention>(cfg.options, g);
+      const auto& o = m->options();
+      if (!cfg.cross) {
+        return std::pair(with_parameters({normal_input({2, 4, 8}, g)}, *m), GradcheckFunction([m, cfg](const Inputs& x) {
+          return m->forward(x[0], cfg.mask).output;
+        }));
+      }
+      Inputs in{normal_input({2, 4, 8}, g), normal_input({2, 3, o.kdim}, g), normal_input({2, 3, o.vdim}, g)};
+      return std::pair(with_parameters(in, *m), GradcheckFunction([m, cfg](const Inputs& x) {
+        return m->forward(x[0], x[1], x[2], cfg.mask).output;
+      }));
+    });
+  }
+}
 
 std::vector<GradcheckCase> build() {
   Catalogue c;
@@ -72,6 +176,11 @@ std::vector<GradcheckCase> build() {
         [](const Inputs& x) { return matmul(x[0], x[1]); });
   c.add("matmul", "matmul (4)@(4,3) vector", two({4}, {4, 3}), [](const Inputs& x) { return matmul(x[0], x[1]); });
   c.add("matmul", "matmul (2,3,4)@(4) vector", two({2, 3, 4}, {4}), [](const Inputs& x) { return matmul(x[0], x[1]); });
+
+  c.add("linear", "linear (2,3,4) by (5,4) + bias", [](Generator& g) {
+    return Inputs{normal_input({2, 3, 4}, g), normal_input({5, 4}, g), normal_input({5}, g)};
+  }, [](const Inputs& x) { return linear(x[0], x[1], x[2]); });
+  c.add("linear", "linear (3,4) by (2,4) no bias", two({3, 4}, {2, 4}), [](const Inputs& x) { return linear(x[0], x[1], Tensor()); });
 
   // Moves of elements.
   c.add("reshape", "reshape (2,3,4)->(6,-1)", one({2, 3, 4}), [](const Inputs& x) { return reshape(x[0], {6, -1}); });
@@ -161,6 +270,7 @@ std::vector<GradcheckCase> build() {
     return Inputs{normal_input({2, 3, 4}, g), normal_input({2, 5, 4}, g), normal_input({2, 5, 2}, g)};
   }, [](const Inputs& x) { return matmul(softmax(matmul(x[0], transpose(x[1], 1, 2)) / 2.0, -1), x[2]); });
 
+  add_module_cases(c);
   return std::move(c.cases);
 }
 

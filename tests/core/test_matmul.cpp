@@ -63,3 +63,28 @@ TEST_CASE("matmul errors name the shapes at fault") {
   CHECK_THAT(invalid_argument_message([] { matmul(scalar(1, DType::float64), f64({1})); }),
              Contains("at least one dimension"));
 }
+
+TEST_CASE("linear computes x Wᵀ + b with the weight as (out, in)") {
+  const Tensor x = f64({{1, 2}, {3, 4}});     // (2, in=2)
+  const Tensor w = f64({{1, 0}, {1, 1}, {0, 2}});  // (out=3, in=2)
+  check_close(linear(x, w, f64({10, 20, 30})), {{11, 23, 34}, {13, 27, 38}});
+  check_close(linear(reshape(x, {1, 2, 2}), w, Tensor()), {{{1, 3, 4}, {3, 7, 8}}});
+}
+
+TEST_CASE("linear's gradients: dx = dy W, dW = dyᵀ x, db = Σ dy") {
+  Tensor x = f64({{1, 2}, {3, 4}}, true);
+  Tensor w = f64({{1, 0}, {1, 1}, {0, 2}}, true);
+  Tensor b = f64({0, 0, 0}, true);
+  sum(linear(x, w, b) * f64({1, 2, 3})).backward();
+  check_close(x.grad(), {{3, 8}, {3, 8}});            // (1,2,3) W
+  check_close(w.grad(), {{4, 6}, {8, 12}, {12, 18}});  // (1,2,3)ᵀ (Σ rows of x)
+  check_close(b.grad(), {2, 4, 6});
+}
+
+TEST_CASE("linear errors name the shapes") {
+  CHECK(invalid_argument_message([] { linear(zeros({2, 3}, DType::float64), zeros({4, 2}, DType::float64), Tensor()); }) ==
+        "linear: input (2,3) does not end in the weight's in-features 2 (weight (4,2))");
+  CHECK_THAT(invalid_argument_message([] {
+    linear(zeros({2, 3}, DType::float64), zeros({4, 3}, DType::float64), zeros({3}, DType::float64));
+  }), Contains("bias has shape (3) but the weight (4,3) needs (4)"));
+}

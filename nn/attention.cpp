@@ -1,0 +1,255 @@
+#include "nn/attention.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xoperation.hpp>
+#include <xtensor/xstrided_view.hpp>
+
+#include "core/autograd.hpp"
+#include "core/ops.hpp"
+
+namespace qkv::nn {
+
+namespace {
+
+constexpr const char* who = "MultiHeadAttention";
+
+MultiHeadAttentionOptions resolve(MultiHeadAttentionOptions o) {
+  if (o.d_model == 0) fail(who, "d_model must be positive");
+  if (o.n_heads == 0) fail(who, "n_heads must be positive");
+  if (o.d_head == 0) {
+    if (o.d_model % o.n_heads != 0)
+      fail(who, "d_model {} is not divisible by n_heads {}: give d_head", o.d_model, o.n_heads);
+    o.d_head = o.d_model / o.n_heads;
+  }
+  if (o.n_kv_heads == 0) o.n_kv_heads = o.n_heads;
+  if (o.n_heads % o.n_kv_heads != 0)
+    fail(who, "n_heads {} is not a multiple of n_kv_heads {}", o.n_heads, o.n_kv_heads);
+  if (o.d_v == 0) o.d_v = o.d_head;
+  if (o.kdim == 0) o.kdim = o.d_model;
+  if (o.vdim == 0) o.vdim = o.d_model;
+  if (o.scale && !std::isfinite(*o.scale)) fail(who, "scale must be finite, got {}", *o.scale);
+  if (o.qk == QK::tied && (o.n_kv_heads != o.n_heads || o.kdim != o.d_model))
+    fail(who, "qk=tied needs n_kv_heads = n_heads and kdim = d_model (got n_kv_heads {}, n_heads {}, kdim {}, d_model {})",
+         o.n_kv_heads, o.n_heads, o.kdim, o.d_model);
+  if (o.proj == Projection::identity) {
+    if (o.d_head * o.n_heads != o.d_model)
+      fail(who, "proj=identity needs d_head·n_heads = d_model, got {}·{} = {} and d_model {}", o.d_head, o.n_heads,
+           o.d_head * o.n_heads, o.d_model);
+    if (o.n_kv_heads != o.n_heads || o.d_v != o.d_head || o.kdim != o.d_model || o.vdim != o.d_model)
+      fail(who, "proj=identity needs n_kv_heads = n_heads, d_v = d_head and kdim = vdim = d_model (got n_kv_heads {}, "
+           "d_v {}, kdim {}, vdim {})", o.n_kv_heads, o.d_v, o.kdim, o.vdim);
+  }
+  return o;
+}
+
+// An input must be (B, T, width), or (T, width) unbatched.
+void check_input(const char* name, const Tensor& t, std::size_t width) {
+  const Shape s = t.shape();
+  if ((s.size() != 2 && s.size() != 3) || s.back() != width)
+    fail(who, "{} of shape {} must be (B, T, {}) or (T, {})", name, to_string(s), width, width);
+}
+
+Tensor batched(const Tensor& t) {
+  return t.dim() == 3 ? t : reshape(t, {1, std::int64_t(t.size(0)), std::int64_t(t.size(1))});
+}
+
+Tensor unbatched(const Tensor& t) {
+  if (!t.defined()) return t;
+  Shape s = t.shape();
+  return reshape(t, std::vector<std::int64_t>(s.begin() + 1, s.end()));
+}
+
+// Where the scores must be −inf: (B, H, Tq, Tk), true = blocked. Empty when nothing is masked.
+MaskArray blocked_keys(const AttentionMask& mask, std::size_t B, std::size_t H, std::size_t Tq, std::size_t Tk) {
+  const bool padding = mask.key_padding.dimension() > 0, allowed = mask.allowed.dimension() > 0;
+  if (!mask.causal && !padding && !allowed) return MaskArray();
+  const Shape full{B, H, Tq, Tk};
+  MaskArray ok = xt::ones<bool>(full);
+  if (mask.causal) {
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h)
+        for (std::size_t i = 0; i < Tq; ++i)
+          for (std::size_t j = 0; j < Tk; ++j)
+            if (std::int64_t(j) > std::int64_t(Tk) - std::int64_t(Tq) + std::int64_t(i)) ok(b, h, i, j) = false;
+  }
+  if (padding) {
+    if (to_shape(mask.key_padding.shape()) != Shape{B, Tk})
+      fail(who, "key_padding mask of shape {} must be (B, Tk) = ({},{})", to_string(to_shape(mask.key_padding.shape())),
+           B, Tk);
+    ok = ok && xt::broadcast(xt::reshape_view(mask.key_padding, Shape{B, 1, 1, Tk}), full);
+  }
+  if (allowed) {
+    const Shape sa = to_shape(mask.allowed.shape());
+    const bool fits = sa.size() <= 4 && [&] {
+      for (std::size_t d = 0; d < sa.size(); ++d)
+        if (sa[d] != 1 && sa[d] != full[d + 4 - sa.size()]) return false;
+      return true;
+    }();
+    if (!fits)
+      fail(who, "mask of shape {} does not broadcast to (B, H, Tq, Tk) = {}", to_string(sa), to_string(full));
+    ok = ok && xt::broadcast(mask.allowed, full);
+  }
+  return !ok;
+}
+
+// Rows [row0, row0 + rows) of a (out, in) weight, transposed: (in, rows). A copy.
+Tensor rows_transposed(const Tensor& weight, std::size_t row0, std::size_t rows) {
+  NoGradGuard no_grad;
+  return transpose(slice(weight, 0, std::int64_t(row0), std::int64_t(row0 + rows)), 0, 1).detach();
+}
+
+// Columns [col0, col0 + cols) of the d × d identity: what an identity head reads.
+Tensor identity_columns(std::size_t d, std::size_t col0, std::size_t cols, DType dtype) {
+  Array<double> eye = xt::zeros<double>(Shape{d, cols});
+  for (std::size_t c = 0; c < cols; ++c) eye(col0 + c, c) = 1;
+  return Tensor(std::move(eye)).to(dtype);
+}
+
+}  // namespace
+
+std::size_t KVCache::bytes() const {
+  return keys.defined() ? (keys.numel() + values.numel()) * dtype_size(keys.dtype()) : 0;
+}
+
+std::size_t KVCache::bytes_per_sequence() const { return keys.defined() ? bytes() / keys.size(0) : 0; }
+
+MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen)
+    : options_(resolve(options)) {
+  const auto& o = options_;
+  if (o.proj != Projection::identity) {
+    q_proj = std::make_unique<Linear>(o.d_model, o.n_heads * o.d_head, o.qkv_bias, o.dtype, gen);
+    if (o.qk == QK::untied) k_proj = std::make_unique<Linear>(o.kdim, o.n_kv_heads * o.d_head, o.qkv_bias, o.dtype, gen);
+    v_proj = std::make_unique<Linear>(o.vdim, o.n_kv_heads * o.d_v, o.qkv_bias, o.dtype, gen);
+    register_module("q_proj", *q_proj);
+    if (k_proj) register_module("k_proj", *k_proj);
+    register_module("v_proj", *v_proj);
+    if (o.proj == Projection::frozen)
+      for (Linear* p : {q_proj.get(), k_proj.get(), v_proj.get()})
+        if (p)
+          for (Tensor& t : p->parameters()) t.requires_grad_(false);
+  }
+  out_proj = std::make_unique<Linear>(o.n_heads * o.d_v, o.d_model, o.out_bias, o.dtype, gen);
+  register_module("out_proj", *out_proj);
+}
+
+std::size_t MultiHeadAttention::kv_head_of(std::size_t h) const {
+  if (h >= options_.n_heads) fail(who, "head {} out of range for n_heads {}", h, options_.n_heads);
+  return h / (options_.n_heads / options_.n_kv_heads);
+}
+
+AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask& mask, bool need_weights,
+                                            KVCache* cache) const {
+  const auto& o = options_;
+  check_input("input x", x, o.d_model);
+  const Tensor xb = batched(x);
+  if (o.proj == Projection::identity) return attend(xb, xb, xb, mask, need_weights, cache, x.dim() == 2);
+  // One GEMM: [W_q; W_k; W_v] stacked by rows, then the result split by columns.
+  const Linear& k_lin = k_proj ? *k_proj : *q_proj;
+  const Tensor w = concat({q_proj->weight, k_lin.weight, v_proj->weight}, 0);
+  const Tensor b = o.qkv_bias ? concat({q_proj->bias, k_lin.bias, v_proj->bias}, 0) : Tensor();
+  const auto qkv = split(linear(xb, w, b), std::vector<std::size_t>{o.n_heads * o.d_head, o.n_kv_heads * o.d_head,
+                                                                       o.n_kv_heads * o.d_v}, -1);
+  return attend(qkv[0], qkv[1], qkv[2], mask, need_weights, cache, x.dim() == 2);
+}
+
+AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                            const AttentionMask& mask, bool need_weights, KVCache* cache) const {
+  const auto& o = options_;
+  check_input("query", query, o.d_model);
+  check_input("key", key, o.kdim);
+  check_input("value", value, o.vdim);
+  if (query.dim() != key.dim() || key.dim() != value.dim())
+    fail(who, "query {}, key {} and value {} must all be batched or all unbatched", to_string(query.shape()),
+         to_string(key.shape()), to_string(value.shape()));
+  const Tensor qb = batched(query), kb = batched(key), vb = batched(value);
+  if (qb.size(0) != kb.size(0) || kb.size(0) != vb.size(0) || kb.size(1) != vb.size(1))
+    fail(who, "query {}, key {} and value {} need one batch size, and key and value one length",
+         to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
+  if (o.proj == Projection::identity) return attend(qb, kb, vb, mask, need_weights, cache, query.dim() == 2);
+  const Linear& k_lin = k_proj ? *k_proj : *q_proj;
+  return attend((*q_proj)(qb), k_lin(kb), (*v_proj)(vb), mask, need_weights, cache, query.dim() == 2);
+}
+
+AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights,
+                                           KVCache* cache, bool unbatched_input) const {
+  // q (B, Tq, H·dh), k (B, Tnew, Hkv·dh), v (B, Tnew, Hkv·dv). Query heads come in Hkv groups of
+  // G = H/Hkv; head h reads kv head h/G (as repeat_interleave would pair them).
+  const auto& o = options_;
+  using I = std::int64_t;
+  const I B = I(q.size(0)), Tq = I(q.size(1)), Tnew = I(k.size(1));
+  const I H = I(o.n_heads), Hkv = I(o.n_kv_heads), G = H / Hkv, dh = I(o.d_head), dv = I(o.d_v);
+  Tensor q5 = permute(reshape(q, {B, Tq, Hkv, G, dh}), {0, 2, 3, 1, 4});  // (B, Hkv, G, Tq, dh)
+  Tensor k4 = permute(reshape(k, {B, Tnew, Hkv, dh}), {0, 2, 1, 3});      // (B, Hkv, Tnew, dh)
+  Tensor v4 = permute(reshape(v, {B, Tnew, Hkv, dv}), {0, 2, 1, 3});      // (B, Hkv, Tnew, dv)
+  if (cache) {
+    if (cache->keys.defined()) {
+      const Shape ck = cache->keys.shape();
+      if (ck[0] != std::size_t(B) || ck[1] != std::size_t(Hkv) || ck[3] != std::size_t(dh) ||
+          cache->keys.dtype() != o.dtype)
+        fail(who, "the KV cache holds keys of shape {} ({}); this call needs (B, n_kv_heads, T, d_head) = ({},{},T,{}) "
+             "in {}", to_string(ck), dtype_name(cache->keys.dtype()), B, Hkv, dh, dtype_name(o.dtype));
+      k4 = concat({cache->keys, k4}, 2);
+      v4 = concat({cache->values, v4}, 2);
+    }
+    cache->keys = k4;
+    cache->values = v4;
+  }
+  const I Tk = I(k4.size(2));
+  const double scale = o.scale.value_or(1.0 / std::sqrt(double(dh)));
+  Tensor scores = matmul(q5, transpose(reshape(k4, {B, Hkv, 1, Tk, dh}), -1, -2)) * scale;  // (B, Hkv, G, Tq, Tk)
+  scores = reshape(scores, {B, H, Tq, Tk});
+  const MaskArray blocked = blocked_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tk));
+  if (blocked.dimension() > 0) scores = masked_fill(scores, blocked, -std::numeric_limits<double>::infinity());
+  const Tensor weights = softmax(scores, -1);
+  const Tensor heads = reshape(matmul(reshape(weights, {B, Hkv, G, Tq, Tk}), reshape(v4, {B, Hkv, 1, Tk, dv})),
+                               {B, H, Tq, dv});
+  const Tensor merged = reshape(permute(heads, {0, 2, 1, 3}), {B, Tq, H * dv});  // heads side by side
+  AttentionResult r;
+  r.output = (*out_proj)(merged);
+  if (need_weights) {
+    r.weights = weights;
+    r.scores = scores;
+    r.heads = heads;
+  }
+  if (unbatched_input) {
+    r.output = unbatched(r.output);
+    r.weights = unbatched(r.weights);
+    r.scores = unbatched(r.scores);
+    r.heads = unbatched(r.heads);
+  }
+  return r;
+}
+
+Tensor MultiHeadAttention::W_q(std::size_t h) const {
+  kv_head_of(h);  // checks h
+  const auto& o = options_;
+  if (!q_proj) return identity_columns(o.d_model, h * o.d_head, o.d_head, o.dtype);
+  return rows_transposed(q_proj->weight, h * o.d_head, o.d_head);
+}
+
+Tensor MultiHeadAttention::W_k(std::size_t h) const {
+  const std::size_t kv = kv_head_of(h);
+  const auto& o = options_;
+  if (!q_proj) return identity_columns(o.d_model, kv * o.d_head, o.d_head, o.dtype);
+  return rows_transposed((k_proj ? k_proj : q_proj)->weight, kv * o.d_head, o.d_head);
+}
+
+Tensor MultiHeadAttention::W_v(std::size_t h) const {
+  const std::size_t kv = kv_head_of(h);
+  const auto& o = options_;
+  if (!v_proj) return identity_columns(o.d_model, kv * o.d_v, o.d_v, o.dtype);
+  return rows_transposed(v_proj->weight, kv * o.d_v, o.d_v);
+}
+
+Tensor MultiHeadAttention::W_o(std::size_t h) const {
+  kv_head_of(h);
+  NoGradGuard no_grad;
+  const auto& o = options_;
+  const Tensor cols = slice(out_proj->weight, 1, std::int64_t(h * o.d_v), std::int64_t((h + 1) * o.d_v));
+  return transpose(cols, 0, 1).detach();  // (d_v, d_model)
+}
+
+}  // namespace qkv::nn

@@ -1,0 +1,95 @@
+#pragma once
+// Multi-head attention with every option the experiments need, in the seeds' notation:
+// for head h, q = x·W_q(h), k = x·W_k(h), v = x·W_v(h) (each d_model × d_head, W_v d_model × d_v),
+// score = q·k · scale, weights = softmax over keys, head output = weights·v, and
+// output = Σ_h head_h · W_o(h) + b_o (W_o(h) is d_v × d_model).
+#include <memory>
+#include <optional>
+
+#include "core/random.hpp"
+#include "nn/layers.hpp"
+
+namespace qkv::nn {
+
+enum class QK { untied, tied };                      // tied: k_proj *is* q_proj (one parameter)
+enum class Projection { learned, frozen, identity };  // of q, k and v; out_proj is always learned
+
+struct MultiHeadAttentionOptions {
+  std::size_t d_model = 0;
+  std::size_t n_heads = 1;
+  std::size_t n_kv_heads = 0;  // 0: n_heads. 1 is MQA; a divisor of n_heads in between is GQA
+  std::size_t d_head = 0;      // 0: d_model / n_heads
+  std::size_t d_v = 0;         // 0: d_head
+  std::size_t kdim = 0;        // width of the key input; 0: d_model (cross-attention may differ)
+  std::size_t vdim = 0;        // width of the value input; 0: d_model
+  bool qkv_bias = true;        // GPT-2: all biases; Llama: none; Qwen: q/k/v only
+  bool out_bias = true;
+  std::optional<double> scale;  // default 1/√d_head
+  QK qk = QK::untied;
+  Projection proj = Projection::learned;
+  DType dtype = DType::float32;
+};
+
+// Which keys each query may attend. `true` means "may attend" throughout, as in PyTorch's
+// scaled_dot_product_attention; note that PyTorch's key_padding_mask has the opposite polarity.
+struct AttentionMask {
+  bool causal = false;                    // query i (at position Tk − Tq + i) sees keys 0 … Tk − Tq + i
+  MaskArray key_padding = MaskArray();    // (B, Tk): true for a real key, false for padding; 0-d: none
+  MaskArray allowed = MaskArray();        // broadcastable to (B, H, Tq, Tk); 0-d: none
+};
+
+struct AttentionResult {
+  Tensor output;  // (B, Tq, d_model)
+  // Only with need_weights (otherwise undefined):
+  Tensor weights;  // (B, H, Tq, Tk), each row sums to 1 (0 for a fully masked row)
+  Tensor scores;   // (B, H, Tq, Tk) before softmax: scaled, −inf where masked
+  Tensor heads;    // (B, H, Tq, d_v): each head's output before out_proj
+};
+
+// Keys and values of past positions, for step-by-step decoding.
+class KVCache {
+ public:
+  std::size_t length() const { return keys.defined() ? keys.size(2) : 0; }  // cached positions T
+  // B · T · n_kv_heads · (d_head + d_v) · sizeof(dtype): this layer's cache for B sequences.
+  std::size_t bytes() const;
+  std::size_t bytes_per_sequence() const;
+  void clear() { keys = values = Tensor(); }
+
+  Tensor keys;    // (B, n_kv_heads, T, d_head)
+  Tensor values;  // (B, n_kv_heads, T, d_v)
+};
+
+class MultiHeadAttention : public Module {
+ public:
+  explicit MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator());
+
+  // Self-attention: Q, K and V come from one GEMM over the concatenated projection weights.
+  // x is (B, T, d_model), or (T, d_model) unbatched (the results then have no B dimension).
+  AttentionResult forward(const Tensor& x, const AttentionMask& mask = {}, bool need_weights = false,
+                          KVCache* cache = nullptr) const;
+  // Cross-attention (or self-attention with separate inputs): query (B, Tq, d_model),
+  // key (B, Tk, kdim), value (B, Tk, vdim).
+  AttentionResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                          const AttentionMask& mask = {}, bool need_weights = false, KVCache* cache = nullptr) const;
+
+  // Per-head matrices, copies: W_q, W_k (d_model × d_head), W_v (d_model × d_v) and
+  // W_o (d_v × d_model). W_k and W_v take a query head: under GQA/MQA they return the matrices
+  // of the kv head that query head h reads.
+  Tensor W_q(std::size_t h) const;
+  Tensor W_k(std::size_t h) const;
+  Tensor W_v(std::size_t h) const;
+  Tensor W_o(std::size_t h) const;
+  std::size_t kv_head_of(std::size_t h) const;
+
+  const MultiHeadAttentionOptions& options() const { return options_; }
+
+  // Null where the option removes them: k_proj when tied (q_proj serves), q/k/v for identity.
+  std::unique_ptr<Linear> q_proj, k_proj, v_proj, out_proj;
+
+ private:
+  AttentionResult attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights, KVCache* cache,
+                         bool unbatched) const;
+  MultiHeadAttentionOptions options_;
+};
+
+}  // namespace qkv::nn

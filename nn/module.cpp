@@ -1,0 +1,80 @@
+#include "nn/module.hpp"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace qkv::nn {
+
+void Module::register_parameter(std::string name, const Tensor& tensor) {
+  if (!tensor.defined()) fail("register_parameter", "parameter '{}' is undefined", name);
+  parameters_.emplace_back(std::move(name), tensor);
+}
+
+void Module::register_module(std::string name, Module& child) { children_.emplace_back(std::move(name), &child); }
+
+void Module::collect(const std::string& prefix, StateDict& out) const {
+  for (const auto& [name, t] : parameters_) {
+    const bool seen = std::any_of(out.begin(), out.end(), [&](const auto& p) { return p.second.is_same(t); });
+    if (!seen) out.emplace_back(prefix + name, t);
+  }
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+StateDict Module::named_parameters() const {
+  StateDict out;
+  collect("", out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+StateDict Module::state_dict() const { return named_parameters(); }
+
+void Module::load_state_dict(const StateDict& state) {
+  StateDict own = state_dict();
+  std::map<std::string, Tensor> given(state.begin(), state.end());
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& [name, t] : own) {
+    const auto it = given.find(name);
+    if (it == given.end())
+      missing.push_back(name);
+    else if (!it->second.defined() || it->second.shape() != t.shape())
+      mismatched.push_back(fmt::format("{} (given {}, expected {})", name,
+                                       it->second.defined() ? to_string(it->second.shape()) : "undefined",
+                                       to_string(t.shape())));
+  }
+  for (const auto& [name, t] : state)
+    if (std::none_of(own.begin(), own.end(), [&](const auto& p) { return p.first == name; })) unexpected.push_back(name);
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    std::vector<std::string> parts;
+    if (!missing.empty()) parts.push_back(fmt::format("missing {}", fmt::join(missing, ", ")));
+    if (!unexpected.empty()) parts.push_back(fmt::format("unexpected {}", fmt::join(unexpected, ", ")));
+    if (!mismatched.empty()) parts.push_back(fmt::format("mis-shaped {}", fmt::join(mismatched, ", ")));
+    fail("load_state_dict", "{}", fmt::join(parts, "; "));
+  }
+  for (auto& [name, t] : own) t.copy_(given.at(name));
+}
+
+void Module::train(bool mode) {
+  training_ = mode;
+  for (auto& [name, child] : children_) child->train(mode);
+}
+
+void Module::zero_grad() {
+  for (Tensor& t : parameters()) t.zero_grad();
+}
+
+void Module::to(DType dtype) {
+  for (Tensor& t : parameters())
+    if (t.dtype() != dtype) t.set_data(t.detach().to(dtype));
+}
+
+}  // namespace qkv::nn

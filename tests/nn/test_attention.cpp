@@ -1,0 +1,238 @@
+#include "tests/helpers.hpp"
+
+#include "nn/attention.hpp"
+
+using namespace qkv;
+using namespace qkv::nn;
+using namespace qkv::test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+MultiHeadAttentionOptions options(std::size_t d_model, std::size_t n_heads, std::size_t n_kv_heads = 0) {
+  MultiHeadAttentionOptions o;
+  o.d_model = d_model;
+  o.n_heads = n_heads;
+  o.n_kv_heads = n_kv_heads;
+  o.dtype = DType::float64;
+  return o;
+}
+
+Tensor random_input(const Shape& shape, std::uint64_t seed) {
+  Generator gen(seed);
+  return randn(shape, DType::float64, gen);
+}
+
+Array<double> transposed(const Array<double>& a) { return xt::transpose(a); }
+
+}  // namespace
+
+TEST_CASE("seed worked example: one head with the seed's W^Q, W^K, W^V on x1") {
+  // ../shared/seeds/004: d_model 4, d_k 2, d_v 3; q = x W^Q, so q_proj.weight (out, in) is W^Qᵀ.
+  const Array<double> WQ = {{0.1, 0.4}, {0.2, -0.1}, {-0.3, 0.5}, {0.6, 0.2}};
+  const Array<double> WK = {{-0.2, 0.3}, {0.5, 0.1}, {0.4, -0.2}, {-0.1, 0.6}};
+  const Array<double> WV = {{0.3, -0.2, 0.5}, {-0.1, 0.4, 0.2}, {0.6, 0.1, -0.3}, {0.2, -0.5, 0.4}};
+  auto o = options(4, 1);
+  o.d_head = 2;
+  o.d_v = 3;
+  o.qkv_bias = false;
+  o.out_bias = false;
+  MultiHeadAttention mha(o);
+  mha.q_proj->weight.copy_(f64(transposed(WQ)));
+  mha.k_proj->weight.copy_(f64(transposed(WK)));
+  mha.v_proj->weight.copy_(f64(transposed(WV)));
+  const Tensor x1 = f64({{0.5, -0.3, 0.8, 0.2}});  // one token, unbatched (T=1, d_model)
+
+  check_close(matmul(x1, mha.W_q(0)), {{-0.13, 0.67}});
+  check_close(matmul(x1, mha.W_k(0)), {{0.05, 0.08}});
+  check_close(matmul(x1, mha.W_v(0)), {{0.70, -0.24, 0.03}});
+
+  // q1·k1 = −0.0065 + 0.0536 = 0.0471, the seed's 0.047, before scaling; 1/√2 after.
+  o.scale = 1.0;
+  MultiHeadAttention unscaled(o);
+  unscaled.load_state_dict(mha.state_dict());
+  const double score = unscaled.forward(x1, {}, true).scores.value<double>()(0, 0, 0);
+  CHECK(score == Approx(0.0471).margin(1e-12));
+  CHECK(std::abs(score - 0.047) < 0.0005);
+  const AttentionResult r = mha.forward(x1, {}, true);
+  CHECK(r.scores.value<double>()(0, 0, 0) == Approx(0.0471 / std::sqrt(2.0)).margin(1e-12));
+  // A single key gets all the weight, so the head's output is v1.
+  check_close(r.weights, shaped({1.0}, {1, 1, 1}));
+  check_close(r.heads, {{{0.70, -0.24, 0.03}}});
+}
+
+TEST_CASE("seed 000: with qk tied the scores are exactly symmetric, untied they are not") {
+  const Tensor x = random_input({4, 16}, 0);  // 4 tokens
+  auto o = options(16, 1);
+  o.d_head = 8;
+  o.scale = 1.0;
+  o.qk = QK::tied;
+  Generator g1(1), g2(1);
+  const Array<double> tied = MultiHeadAttention(o, g1).forward(x, {}, true).scores.value<double>();
+  CHECK(tied.shape()[1] == 4);
+  const Array<double> s = xt::view(tied, 0);
+  CHECK(s == transposed(s));
+  o.qk = QK::untied;
+  const Array<double> untied = xt::view(MultiHeadAttention(o, g2).forward(x, {}, true).scores.value<double>(), 0);
+  CHECK(xt::amax(xt::abs(untied - transposed(untied)))() > 0.1);
+}
+
+TEST_CASE("seed 001: each row of the weights sums to 1 and a head outputs (T, d_v)") {
+  auto o = options(8, 1);
+  o.d_head = 4;
+  o.d_v = 4;
+  MultiHeadAttention mha(o);
+  const AttentionResult r = mha.forward(random_input({3, 8}, 2), {}, true);  // T = 3 tokens of 8 numbers
+  REQUIRE(r.weights.shape() == Shape{1, 3, 3});
+  check_close(sum(r.weights, {-1}), {{1, 1, 1}});
+  REQUIRE(r.heads.shape() == Shape{1, 3, 4});  // head 0: (T, d_v)
+  CHECK(r.output.shape() == Shape{3, 8});
+}
+
+TEST_CASE("self-attention's one fused GEMM equals the three separate projections") {
+  auto o = options(8, 4, 2);
+  o.d_v = 3;
+  MultiHeadAttention mha(o);
+  const Tensor x = random_input({2, 5, 8}, 3);
+  const AttentionMask causal{.causal = true};
+  const AttentionResult fused = mha.forward(x, causal, true), separate = mha.forward(x, x, x, causal, true);
+  check_close(fused.output, separate.output.value<double>(), 1e-12);
+  check_close(fused.scores, separate.scores.value<double>(), 1e-12);
+}
+
+TEST_CASE("each query head reads the kv head of its group, under GQA") {
+  auto o = options(8, 4, 2);  // heads 0,1 read kv head 0; heads 2,3 read kv head 1
+  o.qkv_bias = false;
+  MultiHeadAttention mha(o);
+  CHECK(mha.kv_head_of(1) == 0);
+  CHECK(mha.kv_head_of(2) == 1);
+  CHECK(mha.W_k(0).value<double>() == mha.W_k(1).value<double>());
+  CHECK(mha.W_k(1).value<double>() != mha.W_k(2).value<double>());
+  const Tensor x = random_input({1, 5, 8}, 4);
+  const AttentionResult r = mha.forward(x, {}, true);
+  const Tensor x2 = reshape(x, {5, 8});
+  for (std::size_t h = 0; h < 4; ++h) {
+    INFO("head " << h);
+    // score_h = (x W_q(h)) (x W_k(h))ᵀ / √d_head (d_head = 8/4 = 2), head_h = softmax(score_h) (x W_v(h)).
+    const Tensor s = matmul(matmul(x2, mha.W_q(h)), transpose(matmul(x2, mha.W_k(h)), 0, 1)) / std::sqrt(2.0);
+    check_close(Array<double>(xt::view(r.scores.value<double>(), 0, h)), s.value<double>(), 1e-12);
+    check_close(Array<double>(xt::view(r.heads.value<double>(), 0, h)),
+                matmul(softmax(s), matmul(x2, mha.W_v(h))).value<double>(), 1e-12);
+  }
+}
+
+TEST_CASE("cross-attention: Tq differs from Tk and keys and values have their own widths") {
+  auto o = options(8, 2);
+  o.kdim = 5;
+  o.vdim = 6;
+  o.d_v = 3;
+  MultiHeadAttention mha(o);
+  const AttentionResult r = mha.forward(random_input({2, 4, 8}, 5), random_input({2, 7, 5}, 6), random_input({2, 7, 6}, 7),
+                                        {}, true);
+  CHECK(r.output.shape() == Shape{2, 4, 8});
+  CHECK(r.weights.shape() == Shape{2, 2, 4, 7});
+  CHECK(r.heads.shape() == Shape{2, 2, 4, 3});
+  CHECK(mha.W_o(1).shape() == Shape{3, 8});
+  CHECK(mha.W_v(1).shape() == Shape{6, 3});
+}
+
+TEST_CASE("decoding one token at a time with a KV cache equals the full causal forward") {
+  for (std::size_t kv_heads : {4, 2, 1}) {  // MHA, GQA, MQA
+    INFO("n_kv_heads " << kv_heads);
+    auto o = options(8, 4, kv_heads);
+    o.d_v = 3;
+    MultiHeadAttention mha(o);
+    const Tensor x = random_input({2, 6, 8}, 8);
+    const Array<double> full = mha.forward(x, {.causal = true}).output.value<double>();
+    KVCache cache;
+    for (std::int64_t t = 0; t < 6; ++t) {
+      NoGradGuard no_grad;
+      const Tensor step = mha.forward(slice(x, 1, t, t + 1), {.causal = true}, false, &cache).output;
+      check_close(step, Array<double>(xt::view(full, xt::all(), xt::range(t, t + 1))), 1e-10);
+    }
+    // T · n_kv_heads · (d_head + d_v) · sizeof(double) per sequence, for 2 sequences.
+    CHECK(cache.length() == 6);
+    CHECK(cache.bytes_per_sequence() == 6 * kv_heads * (2 + 3) * 8);
+    CHECK(cache.bytes() == 2 * cache.bytes_per_sequence());
+  }
+}
+
+TEST_CASE("a fully padded sequence gives zero weights and no NaN, forward and backward") {
+  MultiHeadAttention mha(options(8, 2));
+  Tensor x = random_input({2, 3, 8}, 9);
+  x.requires_grad_();
+  const MaskArray padding = {{true, true, false}, {false, false, false}};  // sequence 1: all padding
+  const AttentionResult r = mha.forward(x, {.causal = true, .key_padding = padding}, true);
+  check_close(Array<double>(xt::view(r.weights.value<double>(), 1)), xt::zeros<double>(Shape{2, 3, 3}));
+  check_close(Array<double>(xt::view(r.heads.value<double>(), 1)), xt::zeros<double>(Shape{2, 3, 4}));
+  for (double v : r.output.value<double>()) CHECK(std::isfinite(v));
+  sum(r.output).backward();
+  for (const Tensor& p : mha.parameters())
+    for (double v : p.grad().value<double>()) CHECK(std::isfinite(v));
+  for (double v : x.grad().value<double>()) CHECK(std::isfinite(v));
+  check_close(Array<double>(xt::view(x.grad().value<double>(), 1)), xt::zeros<double>(Shape{3, 8}));
+}
+
+TEST_CASE("masks combine: causal, key padding and an arbitrary mask") {
+  MultiHeadAttention mha(options(8, 2));
+  const Tensor x = random_input({1, 3, 8}, 10);
+  MaskArray allowed = {{true, true, true}, {false, true, true}, {true, true, true}};  // query 1 skips key 0
+  const MaskArray padding = {{true, true, false}};
+  const Array<double> w = mha.forward(x, {.causal = true, .key_padding = padding, .allowed = allowed}, true)
+                              .weights.value<double>();
+  // Query 0 sees key 0 only; query 1 sees key 1 only; query 2 sees keys 0 and 1.
+  check_close(Array<double>(xt::view(w, 0, 0)), {{1, 0, 0}, {0, 1, 0}, {w(0, 0, 2, 0), 1 - w(0, 0, 2, 0), 0}});
+  CHECK(w(0, 0, 2, 0) > 0);
+}
+
+TEST_CASE("frozen projections get no gradient; a tied model shares one tensor") {
+  auto o = options(8, 2);
+  o.proj = Projection::frozen;
+  MultiHeadAttention frozen(o);
+  sum(frozen.forward(random_input({1, 3, 8}, 11)).output).backward();
+  for (const auto& [name, p] : frozen.named_parameters()) {
+    INFO(name);
+    CHECK(p.grad().defined() == (name.rfind("out_proj", 0) == 0));
+    CHECK(p.requires_grad() == (name.rfind("out_proj", 0) == 0));
+  }
+  o.proj = Projection::learned;
+  o.qk = QK::tied;
+  MultiHeadAttention tied(o);
+  CHECK_FALSE(tied.k_proj);
+  std::vector<std::string> names;
+  for (const auto& [name, p] : tied.state_dict()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"q_proj.weight", "q_proj.bias", "v_proj.weight", "v_proj.bias",
+                                          "out_proj.weight", "out_proj.bias"});
+  CHECK(tied.W_k(1).value<double>() == tied.W_q(1).value<double>());
+}
+
+TEST_CASE("identity heads read their own slice of the stream") {
+  auto o = options(6, 3);
+  o.proj = Projection::identity;
+  MultiHeadAttention mha(o);
+  check_close(mha.W_q(1), {{0, 0}, {0, 0}, {1, 0}, {0, 1}, {0, 0}, {0, 0}});
+  CHECK(mha.named_parameters().size() == 2);  // out_proj only
+}
+
+TEST_CASE("bad configurations and inputs name the option and its values") {
+  auto o = options(10, 4);
+  CHECK(invalid_argument_message([&] { MultiHeadAttention m(o); }) ==
+        "MultiHeadAttention: d_model 10 is not divisible by n_heads 4: give d_head");
+  o = options(8, 4, 3);
+  CHECK(invalid_argument_message([&] { MultiHeadAttention m(o); }) ==
+        "MultiHeadAttention: n_heads 4 is not a multiple of n_kv_heads 3");
+  o = options(8, 2);
+  o.d_head = 3;
+  o.proj = Projection::identity;
+  CHECK(invalid_argument_message([&] { MultiHeadAttention m(o); }) ==
+        "MultiHeadAttention: proj=identity needs d_head·n_heads = d_model, got 3·2 = 6 and d_model 8");
+  MultiHeadAttention mha(options(8, 2));
+  CHECK(invalid_argument_message([&] { mha.forward(zeros({2, 3, 7}, DType::float64)); }) ==
+        "MultiHeadAttention: input x of shape (2,3,7) must be (B, T, 8) or (T, 8)");
+  CHECK_THAT(invalid_argument_message([&] { mha.forward(zeros({1, 2, 3, 8}, DType::float64)); }), Contains("(1,2,3,8)"));
+  const Tensor x = zeros({2, 3, 8}, DType::float64);
+  CHECK(invalid_argument_message([&] { mha.forward(x, {.key_padding = MaskArray{{true, false, true}}}); }) ==
+        "MultiHeadAttention: key_padding mask of shape (1,3) must be (B, Tk) = (2,3)");
+  CHECK(invalid_argument_message([&] { mha.forward(x, {.allowed = xt::ones<bool>(Shape{3, 4})}); }) ==
+        "MultiHeadAttention: mask of shape (3,4) does not broadcast to (B, H, Tq, Tk) = (2,2,3,3)");
+}
