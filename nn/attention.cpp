@@ -188,9 +188,9 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
     if (cache->keys.defined()) {
       const Shape ck = cache->keys.shape();
       if (ck[0] != std::size_t(B) || ck[1] != std::size_t(Hkv) || ck[3] != std::size_t(dh) ||
-          cache->keys.dtype() != o.dtype)
+          cache->keys.dtype() != k4.dtype())
         fail(who, "the KV cache holds keys of shape {} ({}); this call needs (B, n_kv_heads, T, d_head) = ({},{},T,{}) "
-             "in {}", to_string(ck), dtype_name(cache->keys.dtype()), B, Hkv, dh, dtype_name(o.dtype));
+             "in {}", to_string(ck), dtype_name(cache->keys.dtype()), B, Hkv, dh, dtype_name(k4.dtype()));
       k4 = concat({cache->keys, k4}, 2);
       v4 = concat({cache->values, v4}, 2);
     }
@@ -226,21 +226,21 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
 Tensor MultiHeadAttention::W_q(std::size_t h) const {
   kv_head_of(h);  // checks h
   const auto& o = options_;
-  if (!q_proj) return identity_columns(o.d_model, h * o.d_head, o.d_head, o.dtype);
+  if (!q_proj) return identity_columns(o.d_model, h * o.d_head, o.d_head, out_proj->weight.dtype());
   return rows_transposed(q_proj->weight, h * o.d_head, o.d_head);
 }
 
 Tensor MultiHeadAttention::W_k(std::size_t h) const {
   const std::size_t kv = kv_head_of(h);
   const auto& o = options_;
-  if (!q_proj) return identity_columns(o.d_model, kv * o.d_head, o.d_head, o.dtype);
+  if (!q_proj) return identity_columns(o.d_model, kv * o.d_head, o.d_head, out_proj->weight.dtype());
   return rows_transposed((k_proj ? k_proj : q_proj)->weight, kv * o.d_head, o.d_head);
 }
 
 Tensor MultiHeadAttention::W_v(std::size_t h) const {
   const std::size_t kv = kv_head_of(h);
   const auto& o = options_;
-  if (!v_proj) return identity_columns(o.d_model, kv * o.d_v, o.d_v, o.dtype);
+  if (!v_proj) return identity_columns(o.d_model, kv * o.d_v, o.d_v, out_proj->weight.dtype());
   return rows_transposed(v_proj->weight, kv * o.d_v, o.d_v);
 }
 

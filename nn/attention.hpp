@@ -27,7 +27,7 @@ struct MultiHeadAttentionOptions {
   std::optional<double> scale;  // default 1/√d_head
   QK qk = QK::untied;
   Projection proj = Projection::learned;
-  DType dtype = DType::float32;
+  DType dtype = DType::float32;  // of the parameters when built; Module::to changes it later
 };
 
 // Which keys each query may attend. `true` means "may attend" throughout, as in PyTorch's
