@@ -8,6 +8,8 @@
 // One type with a runtime dtype (float32 by default, float64 for gradient checks), as in PyTorch.
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/xarray.hpp"
@@ -84,6 +86,9 @@ class Tensor {
  private:
   std::shared_ptr<detail::Node> node_;
 };
+
+// Names to tensors, in order: module parameters, optimizer state, checkpoint contents.
+using StateDict = std::vector<std::pair<std::string, Tensor>>;
 
 // Factories. Shapes are row-major; dtype defaults to float32.
 Tensor zeros(const Shape& shape, DType dtype = DType::float32);

@@ -19,8 +19,8 @@
 
 namespace qkv::nn {
 
-// Names to tensors, in registration order (depth first), as PyTorch's OrderedDict.
-using StateDict = std::vector<std::pair<std::string, Tensor>>;
+// A module's StateDict lists names in registration order (depth first), as PyTorch's OrderedDict.
+using qkv::StateDict;
 
 class Module {
  public:
