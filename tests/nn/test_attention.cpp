@@ -1,6 +1,7 @@
 #include "tests/helpers.hpp"
 
 #include "nn/attention.hpp"
+#include "optim/adam.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;
@@ -235,4 +236,25 @@ TEST_CASE("bad configurations and inputs name the option and its values") {
         "MultiHeadAttention: key_padding mask of shape (1,3) must be (B, Tk) = (2,3)");
   CHECK(invalid_argument_message([&] { mha.forward(x, {.allowed = xt::ones<bool>(Shape{3, 4})}); }) ==
         "MultiHeadAttention: mask of shape (3,4) does not broadcast to (B, H, Tq, Tk) = (2,2,3,3)");
+}
+
+TEST_CASE("an optimizer never changes frozen projections") {
+  auto o = options(8, 2);
+  o.proj = Projection::frozen;
+  MultiHeadAttention mha(o);
+  StateDict before;
+  for (const auto& [name, p] : mha.state_dict()) before.emplace_back(name, p.detach().to(p.dtype()));
+  optim::Adam opt(mha.parameters(), {.lr = 0.1});
+  const Tensor x = random_input({2, 3, 8}, 12);
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    sum(pow(mha.forward(x, {.causal = true}).output, 2.0)).backward();
+    opt.step();
+  }
+  const StateDict after = mha.state_dict();
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    INFO(after[i].first);
+    const bool trained = after[i].first.rfind("out_proj", 0) == 0;
+    CHECK((after[i].second.value<double>() == before[i].second.value<double>()) == !trained);
+  }
 }
