@@ -1,0 +1,56 @@
+#include <sstream>
+
+#include "examples/tasks/tasks.hpp"
+
+namespace qkv::examples {
+
+InductionTask::InductionTask(std::size_t vocab, std::size_t min_block, std::size_t max_block)
+    : vocab_(vocab), min_block_(min_block), max_block_(max_block) {
+  if (min_block < 2 || max_block < min_block || max_block > vocab)
+    fail("induction", "blocks need 2 ≤ min_block ≤ max_block ≤ vocab (got {}, {}, {})", min_block, max_block, vocab);
+  info_ = {.name = "induction",
+           .description = fmt::format("a block of {}-{} distinct tokens of {} repeated twice: predict the second copy",
+                                      min_block, max_block, vocab),
+           .vocab_size = vocab, .n_classes = vocab, .max_len = 2 * max_block, .readout = Readout::token, .causal = true};
+}
+
+Batch InductionTask::sample(std::size_t batch_size, Generator& gen) const {
+  const std::size_t n = min_block_ + std::size_t(gen.next_u64() % (max_block_ - min_block_ + 1));
+  Batch batch{filled(batch_size, 2 * n, 0), filled(batch_size, 2 * n, ignore_target)};
+  std::vector<std::int64_t> pool(vocab_);
+  for (std::size_t b = 0; b < batch_size; ++b) {
+    for (std::size_t i = 0; i < vocab_; ++i) pool[i] = std::int64_t(i);
+    for (std::size_t i = 0; i < n; ++i) std::swap(pool[i], pool[i + gen.next_u64() % (vocab_ - i)]);  // n distinct
+    for (std::size_t t = 0; t < 2 * n; ++t) batch.tokens(b, t) = pool[t % n];
+    for (std::size_t t = n; t + 1 < 2 * n; ++t) batch.targets(b, t) = batch.tokens(b, t + 1);
+  }
+  return batch;
+}
+
+std::string InductionTask::decode(const std::vector<std::int64_t>& tokens) const {
+  std::string text;
+  for (std::int64_t t : tokens) {
+    if (!text.empty()) text += ' ';
+    text += std::to_string(t);
+  }
+  return text;
+}
+
+std::vector<std::int64_t> InductionTask::encode(const std::string& text) const {
+  std::vector<std::int64_t> tokens;
+  std::istringstream words(text);
+  for (std::string w; words >> w;) {
+    std::size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(w, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != w.size() || v < 0 || v >= std::int64_t(vocab_))
+      fail("induction", "cannot read '{}' in \"{}\": tokens are numbers 0-{}", w, text, vocab_ - 1);
+    tokens.push_back(v);
+  }
+  return tokens;
+}
+
+}  // namespace qkv::examples

@@ -1,0 +1,68 @@
+#include <algorithm>
+#include <sstream>
+
+#include "examples/tasks/tasks.hpp"
+
+namespace qkv::examples {
+
+namespace {
+constexpr std::int64_t R = 0, P = 1, S = 2;
+// The symbol that beats s: P beats R, S beats P, R beats S.
+std::int64_t beater(std::int64_t s) { return s == R ? P : s == P ? S : R; }
+}  // namespace
+
+RpsTask::RpsTask(std::size_t min_len, std::size_t max_len) : min_len_(min_len), max_len_(max_len) {
+  if (min_len < 3 || max_len < min_len)
+    fail("rps", "lengths must satisfy 3 ≤ min_len ≤ max_len (got {}, {})", min_len, max_len);
+  info_ = {.name = "rps",
+           .description = fmt::format("cyclic retrieval, lengths {}-{}: fetch the payload of the symbol that beats yours",
+                                      min_len, max_len),
+           .vocab_size = std::size_t(3 * n_payloads), .n_classes = std::size_t(n_payloads), .max_len = max_len,
+           .readout = Readout::token, .causal = false};
+}
+
+Batch RpsTask::sample(std::size_t batch_size, Generator& gen) const {
+  const std::size_t len = min_len_ + std::size_t(gen.next_u64() % (max_len_ - min_len_ + 1));
+  Batch batch{filled(batch_size, len, 0), filled(batch_size, len, 0)};
+  for (std::size_t b = 0; b < batch_size; ++b) {
+    // Three different payloads for R, P, S.
+    std::vector<std::int64_t> payloads(n_payloads);
+    for (std::int64_t i = 0; i < n_payloads; ++i) payloads[std::size_t(i)] = i;
+    for (std::size_t i = 0; i < 3; ++i) std::swap(payloads[i], payloads[i + gen.next_u64() % (n_payloads - i)]);
+    // Every symbol at least once: the first three positions get R, P, S, the rest at random;
+    // then a shuffle.
+    std::vector<std::int64_t> symbols(len);
+    for (std::size_t t = 0; t < len; ++t) symbols[t] = t < 3 ? std::int64_t(t) : std::int64_t(gen.next_u64() % 3);
+    for (std::size_t t = len; t-- > 1;) std::swap(symbols[t], symbols[gen.next_u64() % (t + 1)]);
+    for (std::size_t t = 0; t < len; ++t) {
+      batch.tokens(b, t) = symbols[t] * n_payloads + payloads[std::size_t(symbols[t])];
+      batch.targets(b, t) = payloads[std::size_t(beater(symbols[t]))];
+    }
+  }
+  return batch;
+}
+
+std::string RpsTask::decode(const std::vector<std::int64_t>& tokens) const {
+  std::string text;
+  for (std::int64_t t : tokens) {
+    if (t < 0 || t >= 3 * n_payloads) continue;
+    if (!text.empty()) text += ' ';
+    text += "RPS"[t / n_payloads];
+    text += char('a' + t % n_payloads);
+  }
+  return text;
+}
+
+std::vector<std::int64_t> RpsTask::encode(const std::string& text) const {
+  std::vector<std::int64_t> tokens;
+  std::istringstream words(text);
+  for (std::string w; words >> w;) {
+    const auto symbol = std::string("RPS").find(w[0]);
+    if (w.size() != 2 || symbol == std::string::npos || w[1] < 'a' || w[1] >= 'a' + n_payloads)
+      fail("rps", "cannot read '{}' in \"{}\": items are a symbol R, P or S and a payload a-h, as Ra", w, text);
+    tokens.push_back(std::int64_t(symbol) * n_payloads + (w[1] - 'a'));
+  }
+  return tokens;
+}
+
+}  // namespace qkv::examples

@@ -1,0 +1,51 @@
+#include "examples/tasks/task.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "examples/tasks/tasks.hpp"
+
+namespace qkv::examples {
+
+IndexArray filled(std::size_t rows, std::size_t cols, std::int64_t value) {
+  IndexArray a = IndexArray::from_shape({rows, cols});
+  a.fill(value);
+  return a;
+}
+
+Metrics score(const IndexArray& predictions, const Batch& batch) {
+  if (predictions.shape() != batch.targets.shape())
+    fail("score", "predictions of shape {} for targets of shape {}", to_string(to_shape(predictions.shape())),
+         to_string(to_shape(batch.targets.shape())));
+  const std::size_t B = batch.targets.shape()[0], T = batch.targets.shape()[1];
+  std::size_t correct = 0, sequences = 0, exact = 0;
+  Metrics m;
+  for (std::size_t b = 0; b < B; ++b) {
+    std::size_t scored = 0, right = 0;
+    for (std::size_t t = 0; t < T; ++t) {
+      if (batch.targets(b, t) == ignore_target) continue;
+      ++scored;
+      right += predictions(b, t) == batch.targets(b, t);
+    }
+    m.scored += scored;
+    correct += right;
+    if (scored > 0) {
+      ++sequences;
+      exact += right == scored;
+    }
+  }
+  m.accuracy = m.scored ? double(correct) / double(m.scored) : 0;
+  m.exact_match = sequences ? double(exact) / double(sequences) : 0;
+  return m;
+}
+
+std::vector<std::string> task_names() { return {"brackets", "rps", "induction"}; }
+
+std::unique_ptr<Task> make_task(const std::string& name) {
+  if (name == "brackets") return std::make_unique<BracketsTask>();
+  if (name == "rps") return std::make_unique<RpsTask>();
+  if (name == "induction") return std::make_unique<InductionTask>();
+  fail("task", "unknown task '{}' (known: {})", name, fmt::join(task_names(), ", "));
+}
+
+}  // namespace qkv::examples

@@ -1,0 +1,142 @@
+#include "tests/helpers.hpp"
+
+#include <map>
+#include <set>
+
+#include "examples/tasks/tasks.hpp"
+
+using namespace qkv;
+using namespace qkv::examples;
+using Catch::Matchers::Contains;
+using qkv::test::invalid_argument_message;
+
+namespace {
+
+std::vector<std::int64_t> row(const IndexArray& a, std::size_t b) {
+  return std::vector<std::int64_t>(a.begin() + std::ptrdiff_t(b * a.shape()[1]), a.begin() + std::ptrdiff_t((b + 1) * a.shape()[1]));
+}
+
+}  // namespace
+
+TEST_CASE("brackets: balanced Dyck-2 words of even length 4-24 and depth at most 6, after BOS") {
+  const BracketsTask task;
+  Generator gen(1);
+  std::set<std::size_t> lengths;
+  std::size_t deepest = 0;
+  for (int batch = 0; batch < 20; ++batch) {
+    const Batch b = task.sample(64, gen);
+    for (std::size_t i = 0; i < 64; ++i) {
+      const auto tokens = row(b.tokens, i);
+      REQUIRE(tokens[0] == BracketsTask::bos);
+      std::size_t len = 0, depth = 0;
+      std::vector<std::int64_t> stack;
+      for (std::size_t t = 1; t < tokens.size() && tokens[t] != BracketsTask::pad; ++t, ++len) {
+        if (tokens[t] == BracketsTask::open_round || tokens[t] == BracketsTask::open_square) {
+          stack.push_back(tokens[t]);
+          depth = std::max(depth, stack.size());
+          CHECK(b.targets(i, t) == ignore_target);
+        } else {
+          REQUIRE_FALSE(stack.empty());
+          CHECK(tokens[t] == stack.back() + 1);
+          stack.pop_back();
+          // The target is the opener's position, and that position holds the matching opener.
+          CHECK(tokens[std::size_t(b.targets(i, t))] == tokens[t] - 1);
+        }
+      }
+      CHECK(stack.empty());
+      CHECK(len % 2 == 0);
+      CHECK(len >= 4);
+      CHECK(len <= 24);
+      lengths.insert(len);
+      deepest = std::max(deepest, depth);
+    }
+  }
+  CHECK(lengths.size() == 11);  // every even length from 4 to 24 appears
+  CHECK(deepest == 6);
+}
+
+TEST_CASE("brackets: openers, closers and targets by hand") {
+  const BracketsTask task;
+  const auto tokens = task.encode("([])[]");
+  CHECK(tokens == std::vector<std::int64_t>{0, 1, 3, 4, 2, 3, 4});
+  CHECK(BracketsTask::matching_openers(tokens) == std::vector<std::int64_t>{-100, -100, -100, 2, 1, -100, 5});
+  CHECK(task.decode(tokens) == "([])[]");
+  CHECK_THAT(invalid_argument_message([&] { task.encode("(x)"); }), Contains("cannot read 'x'"));
+  CHECK_THAT(invalid_argument_message([&] { BracketsTask::matching_openers(task.encode("(]")); }),
+             Contains("the closer at position 2 has no matching opener"));
+}
+
+TEST_CASE("the same seed gives the same batches") {
+  for (const std::string& name : task_names()) {
+    INFO(name);
+    const auto task = make_task(name);
+    Generator a(9), b(9);
+    const Batch x = task->sample(8, a), y = task->sample(8, b);
+    CHECK(x.tokens == y.tokens);
+    CHECK(x.targets == y.targets);
+  }
+}
+
+TEST_CASE("rps: all three symbols, one payload per symbol, and the beater's payload as target") {
+  const RpsTask task;
+  Generator gen(2);
+  for (int batch = 0; batch < 20; ++batch) {
+    const Batch b = task.sample(32, gen);
+    const std::size_t T = b.tokens.shape()[1];
+    CHECK(T >= 6);
+    CHECK(T <= 12);
+    for (std::size_t i = 0; i < 32; ++i) {
+      std::map<std::int64_t, std::int64_t> payload_of;  // symbol -> payload
+      for (std::size_t t = 0; t < T; ++t) {
+        const std::int64_t symbol = b.tokens(i, t) / RpsTask::n_payloads, payload = b.tokens(i, t) % RpsTask::n_payloads;
+        if (payload_of.count(symbol)) CHECK(payload_of[symbol] == payload);
+        payload_of[symbol] = payload;
+      }
+      REQUIRE(payload_of.size() == 3);
+      CHECK(std::set<std::int64_t>{payload_of[0], payload_of[1], payload_of[2]}.size() == 3);
+      for (std::size_t t = 0; t < T; ++t) {
+        const std::int64_t symbol = b.tokens(i, t) / RpsTask::n_payloads;
+        CHECK(b.targets(i, t) == payload_of[(symbol + 1) % 3]);  // R→P, P→S, S→R
+      }
+    }
+  }
+  CHECK(task.decode(task.encode("Ra Pb Sc")) == "Ra Pb Sc");
+  CHECK(task.encode("Ra Pb Sc") == std::vector<std::int64_t>{0, 9, 18});
+  CHECK_THAT(invalid_argument_message([&] { task.encode("Ra Qb"); }), Contains("cannot read 'Qb'"));
+}
+
+TEST_CASE("induction: a block of distinct tokens repeated, scored on the second copy") {
+  const InductionTask task;
+  Generator gen(3);
+  const Batch b = task.sample(16, gen);
+  const std::size_t T = b.tokens.shape()[1], n = T / 2;
+  CHECK(T % 2 == 0);
+  CHECK(n >= 8);
+  CHECK(n <= 16);
+  for (std::size_t i = 0; i < 16; ++i) {
+    std::set<std::int64_t> block;
+    for (std::size_t t = 0; t < n; ++t) {
+      block.insert(b.tokens(i, t));
+      CHECK(b.tokens(i, t + n) == b.tokens(i, t));
+      CHECK(b.tokens(i, t) < 48);
+    }
+    CHECK(block.size() == n);
+    for (std::size_t t = 0; t < T; ++t)
+      CHECK(b.targets(i, t) == (t >= n && t + 1 < T ? b.tokens(i, t + 1) : ignore_target));
+  }
+  CHECK(task.encode("3 17 5") == std::vector<std::int64_t>{3, 17, 5});
+  CHECK_THAT(invalid_argument_message([&] { task.encode("3 48"); }), Contains("cannot read '48'"));
+}
+
+TEST_CASE("score: accuracy over scored positions and exact match over sequences") {
+  Batch b{IndexArray{{0, 0, 0}, {0, 0, 0}}, IndexArray{{-100, 1, 2}, {-100, -100, 4}}};
+  const Metrics m = score(IndexArray{{9, 1, 0}, {9, 9, 4}}, b);
+  CHECK(m.scored == 3);
+  CHECK(m.accuracy == Approx(2.0 / 3));
+  CHECK(m.exact_match == Approx(0.5));
+}
+
+TEST_CASE("an unknown task is named, with the known ones") {
+  CHECK(invalid_argument_message([] { make_task("sorting"); }) ==
+        "task: unknown task 'sorting' (known: brackets, rps, induction)");
+}
