@@ -1,18 +1,25 @@
 // The qkv program: train toy attention models and look inside them.
+#include <cblas.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <exception>
+#include <iostream>
 #include <string>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "examples/gradcheck_cases.hpp"
+#include "examples/train.hpp"
 
 namespace {
 
+using namespace qkv::examples;
+
 // One row per configuration; exit status 1 when any fails.
 int run_gradcheck(const std::string& filter) {
-  using qkv::examples::gradcheck_cases;
   std::size_t passed = 0, failed = 0;
   fmt::print("{:<52} {:>12} {:>12}  {}\n", "check", "max abs err", "max rel err", "result");
   for (const auto& c : gradcheck_cases()) {
@@ -30,6 +37,20 @@ int run_gradcheck(const std::string& filter) {
   return failed == 0 ? 0 : 1;
 }
 
+int run_tasks() {
+  for (const std::string& name : task_names()) fmt::print("{:<10} {}\n", name, make_task(name)->info().description);
+  return 0;
+}
+
+int run_train(TrainOptions o) {
+  const TrainResult r = train(o, std::cerr, ::isatty(2));
+  const nlohmann::json line = {{"task", o.task}, {"accuracy", r.eval.accuracy}, {"exact_match", r.eval.exact_match},
+                               {"steps", r.steps}, {"seconds", r.seconds}, {"loss", r.loss},
+                               {"out", o.out.empty() ? "runs/" + o.task : o.out}};
+  fmt::print("{}\n", line.dump());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,12 +61,79 @@ int main(int argc, char** argv) {
   auto* gradcheck = app.add_subcommand("gradcheck", "Check every op's gradient against finite differences (float64)");
   gradcheck->add_option("--filter", filter, "Only the checks whose name contains this text");
 
-  CLI11_PARSE(app, argc, argv);
+  auto* tasks = app.add_subcommand("tasks", "List the tasks");
+
+  // Options start unset: the task's defaults fill what the command line leaves out.
+  std::string task, qk, proj;
+  std::optional<std::uint64_t> seed;
+  std::optional<long long> steps, layers, heads, d_model, d_head, kv_heads, batch, threads;
+  std::optional<double> lr;
+  std::string out;
+  bool no_scale = false;
+  auto* train_cmd = app.add_subcommand("train", "Train a model on a task");
+  train_cmd->add_option("TASK", task, "brackets, rps or induction")->required();
+  train_cmd->add_option("--out", out, "Run folder (default runs/TASK)");
+  train_cmd->add_option("--seed", seed, "Seed of every random draw");
+  train_cmd->add_option("--steps", steps, "Optimizer steps");
+  train_cmd->add_option("--layers", layers, "Attention layers");
+  train_cmd->add_option("--heads", heads, "Query heads per layer");
+  train_cmd->add_option("--d-model", d_model, "Width of the residual stream");
+  train_cmd->add_option("--d-head", d_head, "Query/key width per head (default d_model / heads)");
+  train_cmd->add_option("--kv-heads", kv_heads, "Key/value heads (GQA/MQA; default: heads)");
+  train_cmd->add_option("--qk", qk, "tied or untied")->check(CLI::IsMember({"tied", "untied"}));
+  train_cmd->add_option("--proj", proj, "learned, frozen or identity")->check(CLI::IsMember({"learned", "frozen", "identity"}));
+  train_cmd->add_flag("--no-scale", no_scale, "Scores without the 1/sqrt(d_head) factor");
+  train_cmd->add_option("--lr", lr, "Peak learning rate");
+  train_cmd->add_option("--batch", batch, "Sequences per step");
+  train_cmd->add_option("--threads", threads, "BLAS threads (default 1: these matrices are small)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
   try {
     if (*gradcheck) return run_gradcheck(filter);
+    if (*tasks) return run_tasks();
+    if (*train_cmd) {
+      TrainOptions o = default_options(task);
+      const auto positive = [](const char* name, const std::optional<long long>& v, std::size_t& into, bool zero_ok = false) {
+        if (!v) return;
+        if (*v < 0 || (*v == 0 && !zero_ok)) qkv::fail(name, "must be {}, got {}", zero_ok ? "non-negative" : "positive", *v);
+        into = std::size_t(*v);
+      };
+      positive("--steps", steps, o.steps);
+      positive("--layers", layers, o.model.layers);
+      positive("--heads", heads, o.model.heads);
+      positive("--d-model", d_model, o.model.d_model);
+      positive("--d-head", d_head, o.model.d_head);
+      positive("--kv-heads", kv_heads, o.model.kv_heads);
+      positive("--batch", batch, o.batch);
+      std::size_t blas_threads = 1;
+      positive("--threads", threads, blas_threads);
+      if (o.model.d_head == 0 && o.model.d_model % o.model.heads != 0)
+        qkv::fail("--heads", "{} does not divide --d-model {} (or give --d-head)", o.model.heads, o.model.d_model);
+      if (seed) o.seed = *seed;
+      if (lr) {
+        if (!(*lr > 0)) qkv::fail("--lr", "must be positive, got {}", *lr);
+        o.lr = *lr;
+      }
+      if (!qk.empty()) o.model.qk = qk == "tied" ? qkv::nn::QK::tied : qkv::nn::QK::untied;
+      if (!proj.empty())
+        o.model.proj = proj == "learned" ? qkv::nn::Projection::learned
+                       : proj == "frozen" ? qkv::nn::Projection::frozen : qkv::nn::Projection::identity;
+      if (no_scale) o.model.scale = false;
+      o.out = out;
+      openblas_set_num_threads(int(blas_threads));
+      return run_train(o);
+    }
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "qkv: {}\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "qkv: error: {}\n", e.what());
-    return 2;
+    return 1;
   }
   return 0;
 }

@@ -1,0 +1,134 @@
+#include "examples/train.hpp"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/autograd.hpp"
+#include "nn/safetensors.hpp"
+#include "optim/adam.hpp"
+#include "optim/schedule.hpp"
+
+namespace qkv::examples {
+
+namespace {
+
+// Held-out sequences come from a generator no training batch uses.
+constexpr std::uint64_t held_out_stream = 0x9e3779b97f4a7c15ULL;
+
+const char* readout_name(Readout r) { return r == Readout::pointer ? "pointer" : "token"; }
+
+nlohmann::json config_json(const TrainOptions& o) {
+  const ModelConfig& m = o.model;
+  return {{"task", o.task}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
+          {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
+          {"model", {{"vocab_size", m.vocab_size}, {"n_classes", m.n_classes}, {"max_len", m.max_len},
+                     {"readout", readout_name(m.readout)}, {"causal", m.causal}, {"layers", m.layers},
+                     {"d_model", m.d_model}, {"heads", m.heads}, {"d_head", m.d_head}, {"kv_heads", m.kv_heads},
+                     {"qk", m.qk == nn::QK::tied ? "tied" : "untied"},
+                     {"proj", m.proj == nn::Projection::learned ? "learned"
+                              : m.proj == nn::Projection::frozen ? "frozen" : "identity"},
+                     {"scale", m.scale}, {"mlp", m.mlp}}}};
+}
+
+}  // namespace
+
+TrainOptions default_options(const std::string& task_name) {
+  const auto task = make_task(task_name);
+  const TaskInfo& info = task->info();
+  TrainOptions o;
+  o.task = task_name;
+  o.model.vocab_size = info.vocab_size;
+  o.model.n_classes = info.n_classes;
+  o.model.max_len = info.max_len;
+  o.model.readout = info.readout;
+  o.model.causal = info.causal;
+  if (task_name == "rps") {
+    o.model.layers = 1;
+    o.model.heads = 1;
+    o.model.d_model = 32;
+    o.steps = 1500;
+  } else if (task_name == "induction") {
+    o.model.layers = 2;
+    o.model.heads = 2;
+    o.model.d_model = 64;
+    o.steps = 2000;
+  }
+  return o;
+}
+
+Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed) {
+  NoGradGuard no_grad;
+  Generator gen(seed ^ held_out_stream);
+  std::size_t scored = 0;
+  double correct = 0, exact = 0, sequences = 0;
+  for (std::size_t i = 0; i < batches; ++i) {
+    const Batch b = task.sample(batch_size, gen);
+    const Metrics m = score(Model::predictions(model.forward(b.tokens).output), b);
+    scored += m.scored;
+    correct += m.accuracy * double(m.scored);
+    exact += m.exact_match * double(batch_size);
+    sequences += double(batch_size);
+  }
+  return {.accuracy = scored ? correct / double(scored) : 0, .exact_match = sequences ? exact / sequences : 0,
+          .scored = scored};
+}
+
+TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
+  const auto task = make_task(o.task);
+  Generator gen(o.seed);
+  Model model(o.model, gen);  // checks the configuration before anything is written
+  const std::string out = o.out.empty() ? "runs/" + o.task : o.out;
+  std::filesystem::create_directories(out);
+  nn::write_atomically(out + "/config.json", config_json(o).dump(2) + "\n");
+  std::ofstream metrics(out + "/metrics.jsonl", std::ios::trunc);
+
+  optim::Adam opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  const optim::Schedule schedule = optim::Schedule::warmup_cosine(o.lr, std::min(o.warmup, o.steps - 1), o.steps,
+                                                                  o.lr * o.min_lr_ratio);
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  TrainResult result;
+  double running_loss = 0, running_acc = 0;
+  std::size_t since_log = 0;
+  for (std::size_t step = 0; step < o.steps; ++step) {
+    const Batch b = task->sample(o.batch, gen);
+    schedule.apply(opt, step);
+    opt.zero_grad();
+    const Forward f = model.forward(b.tokens);
+    const Tensor loss = model.loss(f, b.targets);
+    loss.backward();
+    optim::clip_grad_norm(model.parameters(), o.clip);
+    opt.step();
+    running_loss += loss.item();
+    running_acc += score(Model::predictions(f.output), b).accuracy;
+    ++since_log;
+    if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
+      const double seconds = elapsed(), rate = double(step + 1) / seconds;
+      const nlohmann::json line = {{"step", step + 1}, {"loss", running_loss / double(since_log)},
+                                   {"accuracy", running_acc / double(since_log)}, {"lr", opt.lr()},
+                                   {"seconds", seconds}};
+      metrics << line.dump() << "\n" << std::flush;
+      const std::string text = fmt::format("step {:>5}/{}  loss {:.4f}  accuracy {:6.2f}%  {:.0f} steps/s  ETA {:.0f}s",
+                                           step + 1, o.steps, running_loss / double(since_log),
+                                           100 * running_acc / double(since_log), rate,
+                                           double(o.steps - step - 1) / rate);
+      progress << (tty ? "\r\033[K" : "") << text << (tty ? "" : "\n") << std::flush;
+      result.loss = running_loss / double(since_log);
+      running_loss = running_acc = 0;
+      since_log = 0;
+    }
+  }
+  if (tty) progress << "\n";
+  result.steps = o.steps;
+  result.seconds = elapsed();
+  nn::save_safetensors(out + "/model.safetensors", model.state_dict(), {{"task", o.task}});
+  result.eval = evaluate(model, *task, o.eval_batches, o.batch, o.seed);
+  return result;
+}
+
+}  // namespace qkv::examples

@@ -1,0 +1,38 @@
+#pragma once
+// `qkv train TASK`: Adam with warmup + cosine and gradient clipping, evaluated on fresh
+// held-out sequences.
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include "examples/model.hpp"
+
+namespace qkv::examples {
+
+struct TrainOptions {
+  std::string task;
+  std::string out;  // run folder; "" means runs/TASK
+  std::uint64_t seed = 0;
+  std::size_t steps = 2000, batch = 32, warmup = 100, log_every = 100;
+  double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0, clip = 1.0;
+  std::size_t eval_batches = 32;  // of `batch` fresh sequences each
+  ModelConfig model;
+};
+
+// The defaults of each task, with which `qkv train TASK` reaches the task's target.
+TrainOptions default_options(const std::string& task);
+
+struct TrainResult {
+  Metrics eval;  // on held-out sequences
+  std::size_t steps = 0;
+  double seconds = 0, loss = 0;
+};
+
+// Trains, writes OUT/config.json, OUT/metrics.jsonl and OUT/model.safetensors, and shows progress
+// on `progress` (an in-place line when `tty`, else a line per log step).
+TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty);
+
+// Accuracy of `model` on `batches` fresh batches drawn from `seed`.
+Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed);
+
+}  // namespace qkv::examples
