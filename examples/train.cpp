@@ -47,7 +47,9 @@ TrainOptions default_options(const std::string& task_name) {
   o.model.max_len = info.max_len;
   o.model.readout = info.readout;
   o.model.causal = info.causal;
-  if (task_name == "rps") {
+  if (task_name == "brackets") {
+    o.lr = 1e-2;  // 3e-3 leaves some seeds short of 99% after 2,000 steps
+  } else if (task_name == "rps") {
     o.model.layers = 1;
     o.model.heads = 1;
     o.model.d_model = 32;
@@ -55,8 +57,8 @@ TrainOptions default_options(const std::string& task_name) {
   } else if (task_name == "induction") {
     o.model.layers = 2;
     o.model.heads = 2;
-    o.model.d_model = 64;
-    o.steps = 2000;
+    o.model.d_model = 32;
+    o.steps = 1500;
   }
   return o;
 }
