@@ -1,5 +1,6 @@
 #include "examples/train.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -90,8 +91,10 @@ TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
   std::ofstream metrics(out + "/metrics.jsonl", std::ios::trunc);
 
   optim::Adam opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  const optim::Schedule schedule = optim::Schedule::warmup_cosine(o.lr, std::min(o.warmup, o.steps - 1), o.steps,
-                                                                  o.lr * o.min_lr_ratio);
+  // At most half the run warms up, so that even a 1-step run has a schedule.
+  const std::size_t warmup = std::clamp<std::size_t>(o.warmup, 1, std::max<std::size_t>(1, o.steps / 2));
+  const optim::Schedule schedule =
+      optim::Schedule::warmup_cosine(o.lr, warmup, std::max(o.steps, warmup + 1), o.lr * o.min_lr_ratio);
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   TrainResult result;

@@ -63,3 +63,10 @@ TEST_CASE("training writes its config, one metrics line per log step, and the mo
   CHECK(state.metadata.at("task") == "brackets");
   CHECK(r.eval.scored > 0);
 }
+
+TEST_CASE("a one-step run trains and evaluates") {
+  std::ostringstream quiet;
+  TrainOptions o = short_run("rps", "one");
+  o.steps = 1;
+  CHECK(train(o, quiet, false).steps == 1);
+}
