@@ -45,7 +45,8 @@ int run_tasks() {
 int run_train(TrainOptions o) {
   const TrainResult r = train(o, std::cerr, ::isatty(2));
   const nlohmann::json line = {{"task", o.task}, {"accuracy", r.eval.accuracy}, {"exact_match", r.eval.exact_match},
-                               {"steps", r.steps}, {"seconds", r.seconds}, {"loss", r.loss},
+                               {"steps", r.steps}, {"seconds", r.seconds},
+                               {"loss", r.loss ? nlohmann::json(*r.loss) : nlohmann::json()},
                                {"out", o.out.empty() ? "runs/" + o.task : o.out}};
   fmt::print("{}\n", line.dump());
   return 0;
@@ -86,6 +87,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--lr", lr, "Peak learning rate");
   train_cmd->add_option("--batch", batch, "Sequences per step");
   train_cmd->add_option("--threads", threads, "BLAS threads (default 1: these matrices are small)");
+  std::optional<long long> checkpoint_every;
+  bool resume = false;
+  train_cmd->add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (default 500; and at the end)");
+  train_cmd->add_flag("--resume", resume, "Continue the run in --out (default runs/TASK) from its last checkpoint");
 
   try {
     app.parse(argc, argv);
@@ -97,6 +102,17 @@ int main(int argc, char** argv) {
     if (*gradcheck) return run_gradcheck(filter);
     if (*tasks) return run_tasks();
     if (*train_cmd) {
+      if (resume) {
+        for (auto* opt : train_cmd->get_options())
+          if (opt->count() > 0 && !opt->check_name("TASK") && !opt->check_name("--out") &&
+              !opt->check_name("--threads") && !opt->check_name("--resume"))
+            qkv::fail("--resume", "the run's options come from its config.json: drop {}", opt->get_name());
+        TrainOptions o = read_config(out.empty() ? "runs/" + task : out);
+        if (o.task != task) qkv::fail("--resume", "the run in {} is a {} run, not {}", o.out, o.task, task);
+        o.resume = true;
+        openblas_set_num_threads(int(threads.value_or(1)));
+        return run_train(o);
+      }
       TrainOptions o = default_options(task);
       const auto positive = [](const char* name, const std::optional<long long>& v, std::size_t& into, bool zero_ok = false) {
         if (!v) return;
@@ -110,6 +126,7 @@ int main(int argc, char** argv) {
       positive("--d-head", d_head, o.model.d_head);
       positive("--kv-heads", kv_heads, o.model.kv_heads);
       positive("--batch", batch, o.batch);
+      positive("--checkpoint-every", checkpoint_every, o.checkpoint_every);
       std::size_t blas_threads = 1;
       positive("--threads", threads, blas_threads);
       if (o.model.d_head == 0 && o.model.d_model % o.model.heads != 0)

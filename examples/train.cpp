@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/autograd.hpp"
+#include "examples/checkpoint.hpp"
 #include "nn/safetensors.hpp"
 #include "optim/adam.hpp"
 #include "optim/schedule.hpp"
@@ -36,7 +37,57 @@ nlohmann::json config_json(const TrainOptions& o) {
                      {"scale", m.scale}, {"mlp", m.mlp}}}};
 }
 
+template <class T>
+T field(const nlohmann::json& j, const char* key, const std::string& file) {
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw std::runtime_error(fmt::format("{}: missing or malformed '{}'", file, key));
+  }
+}
+
 }  // namespace
+
+TrainOptions read_config(const std::string& dir) {
+  const std::string file = dir + "/config.json";
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open (is {} a run folder?)", file, dir));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(fmt::format("{}: invalid JSON: {}", file, e.what()));
+  }
+  TrainOptions o = default_options(field<std::string>(j, "task", file));
+  o.out = dir;
+  o.seed = field<std::uint64_t>(j, "seed", file);
+  o.steps = field<std::size_t>(j, "steps", file);
+  o.batch = field<std::size_t>(j, "batch", file);
+  o.warmup = field<std::size_t>(j, "warmup", file);
+  o.lr = field<double>(j, "lr", file);
+  o.min_lr_ratio = field<double>(j, "min_lr_ratio", file);
+  o.weight_decay = field<double>(j, "weight_decay", file);
+  o.clip = field<double>(j, "clip", file);
+  const nlohmann::json m = field<nlohmann::json>(j, "model", file);
+  ModelConfig& c = o.model;
+  c.vocab_size = field<std::size_t>(m, "vocab_size", file);
+  c.n_classes = field<std::size_t>(m, "n_classes", file);
+  c.max_len = field<std::size_t>(m, "max_len", file);
+  c.readout = field<std::string>(m, "readout", file) == "pointer" ? Readout::pointer : Readout::token;
+  c.causal = field<bool>(m, "causal", file);
+  c.layers = field<std::size_t>(m, "layers", file);
+  c.d_model = field<std::size_t>(m, "d_model", file);
+  c.heads = field<std::size_t>(m, "heads", file);
+  c.d_head = field<std::size_t>(m, "d_head", file);
+  c.kv_heads = field<std::size_t>(m, "kv_heads", file);
+  c.qk = field<std::string>(m, "qk", file) == "tied" ? nn::QK::tied : nn::QK::untied;
+  const std::string proj = field<std::string>(m, "proj", file);
+  c.proj = proj == "frozen" ? nn::Projection::frozen : proj == "identity" ? nn::Projection::identity : nn::Projection::learned;
+  c.scale = field<bool>(m, "scale", file);
+  c.mlp = field<bool>(m, "mlp", file);
+  if (config_json(o) != j) throw std::runtime_error(fmt::format("{}: holds values qkv does not write", file));
+  return o;
+}
 
 TrainOptions default_options(const std::string& task_name) {
   const auto task = make_task(task_name);
@@ -86,9 +137,11 @@ TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
   Generator gen(o.seed);
   Model model(o.model, gen);  // checks the configuration before anything is written
   const std::string out = o.out.empty() ? "runs/" + o.task : o.out;
-  std::filesystem::create_directories(out);
-  nn::write_atomically(out + "/config.json", config_json(o).dump(2) + "\n");
-  std::ofstream metrics(out + "/metrics.jsonl", std::ios::trunc);
+  if (!o.resume) {
+    std::filesystem::create_directories(out);
+    nn::write_atomically(out + "/config.json", config_json(o).dump(2) + "\n");
+  }
+  std::ofstream metrics(out + "/metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
 
   optim::Adam opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   // At most half the run warms up, so that even a 1-step run has a schedule.
@@ -97,10 +150,17 @@ TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
       optim::Schedule::warmup_cosine(o.lr, warmup, std::max(o.steps, warmup + 1), o.lr * o.min_lr_ratio);
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  std::size_t first_step = 0;
+  if (o.resume) {
+    const CheckpointState saved = load_checkpoint(out, model, opt);
+    first_step = saved.step;
+    gen.set_state(saved.rng);
+  }
+  const std::size_t last_step = o.stop_after ? std::min(o.stop_after, o.steps) : o.steps;
   TrainResult result;
   double running_loss = 0, running_acc = 0;
   std::size_t since_log = 0;
-  for (std::size_t step = 0; step < o.steps; ++step) {
+  for (std::size_t step = first_step; step < last_step; ++step) {
     const Batch b = task->sample(o.batch, gen);
     schedule.apply(opt, step);
     opt.zero_grad();
@@ -113,7 +173,7 @@ TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
     running_acc += score(Model::predictions(f.output), b).accuracy;
     ++since_log;
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
-      const double seconds = elapsed(), rate = double(step + 1) / seconds;
+      const double seconds = elapsed(), rate = double(step + 1 - first_step) / seconds;
       const nlohmann::json line = {{"step", step + 1}, {"loss", running_loss / double(since_log)},
                                    {"accuracy", running_acc / double(since_log)}, {"lr", opt.lr()},
                                    {"seconds", seconds}};
@@ -127,11 +187,12 @@ TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
       running_loss = running_acc = 0;
       since_log = 0;
     }
+    if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step)
+      save_checkpoint(out, model, opt, {.step = step + 1, .rng = gen.state()});
   }
   if (tty) progress << "\n";
-  result.steps = o.steps;
+  result.steps = last_step;
   result.seconds = elapsed();
-  nn::save_safetensors(out + "/model.safetensors", model.state_dict(), {{"task", o.task}});
   result.eval = evaluate(model, *task, o.eval_batches, o.batch, o.seed);
   return result;
 }

@@ -3,6 +3,7 @@
 // held-out sequences.
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 
 #include "examples/model.hpp"
@@ -16,8 +17,14 @@ struct TrainOptions {
   std::size_t steps = 2000, batch = 32, warmup = 100, log_every = 100;
   double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0, clip = 1.0;
   std::size_t eval_batches = 32;  // of `batch` fresh sequences each
+  std::size_t checkpoint_every = 500;  // and at the end
+  std::size_t stop_after = 0;  // stop (checkpointed) after this step, to resume later; 0: run to the end
+  bool resume = false;         // continue the run in `out` from its checkpoint
   ModelConfig model;
 };
+
+// The options a run folder's config.json records; throws std::runtime_error naming the file.
+TrainOptions read_config(const std::string& dir);
 
 // The defaults of each task, with which `qkv train TASK` reaches the task's target.
 TrainOptions default_options(const std::string& task);
@@ -25,11 +32,13 @@ TrainOptions default_options(const std::string& task);
 struct TrainResult {
   Metrics eval;  // on held-out sequences
   std::size_t steps = 0;
-  double seconds = 0, loss = 0;
+  double seconds = 0;
+  std::optional<double> loss;  // mean of the last logging window; none when no step ran
 };
 
-// Trains, writes OUT/config.json, OUT/metrics.jsonl and OUT/model.safetensors, and shows progress
-// on `progress` (an in-place line when `tty`, else a line per log step).
+// Trains, writes OUT/config.json, OUT/metrics.jsonl and checkpoints (see checkpoint.hpp), and shows
+// progress on `progress` (an in-place line when `tty`, else a line per log step). A resumed run
+// ends with weights bit-identical to those of an uninterrupted one.
 TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty);
 
 // Accuracy of `model` on `batches` fresh batches drawn from `seed`.

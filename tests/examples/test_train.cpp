@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "examples/train.hpp"
+#include "examples/checkpoint.hpp"
 #include "nn/safetensors.hpp"
 
 using namespace qkv;
@@ -60,8 +61,16 @@ TEST_CASE("training writes its config, one metrics line per log step, and the mo
   CHECK(progress.str().find("step    30/30") != std::string::npos);
   const auto state = nn::load_safetensors(o.out + "/model.safetensors");
   CHECK(state.tensors.front().first == "tok.weight");
-  CHECK(state.metadata.at("task") == "brackets");
+  CHECK(state.metadata.at("step") == "30");
+  const auto optimizer = nn::load_safetensors(o.out + "/optimizer.safetensors");
+  CHECK(optimizer.metadata.at("step") == "30");
+  CHECK(optimizer.tensors.front().first == "lr");
   CHECK(r.eval.scored > 0);
+  const TrainOptions back = read_config(o.out);
+  CHECK(back.task == "brackets");
+  CHECK(back.steps == 30);
+  CHECK(back.lr == o.lr);
+  CHECK(back.model.readout == Readout::pointer);
 }
 
 TEST_CASE("a one-step run trains and evaluates") {
@@ -69,4 +78,46 @@ TEST_CASE("a one-step run trains and evaluates") {
   TrainOptions o = short_run("rps", "one");
   o.steps = 1;
   CHECK(train(o, quiet, false).steps == 1);
+}
+
+TEST_CASE("a resumed run ends with weights bit-identical to an uninterrupted run") {
+  std::ostringstream quiet;
+  TrainOptions whole = short_run("brackets", "whole");
+  whole.steps = 40;
+  whole.checkpoint_every = 10;
+  train(whole, quiet, false);
+
+  TrainOptions first = short_run("brackets", "split");
+  first.steps = 40;
+  first.checkpoint_every = 10;
+  first.stop_after = 25;  // not at a checkpoint boundary
+  CHECK(train(first, quiet, false).steps == 25);
+  TrainOptions rest = read_config(first.out);
+  rest.resume = true;
+  CHECK(train(rest, quiet, false).steps == 40);
+
+  const auto a = nn::load_safetensors(whole.out + "/model.safetensors").tensors;
+  const auto b = nn::load_safetensors(rest.out + "/model.safetensors").tensors;
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    CHECK(a[i].second.value<float>() == b[i].second.value<float>());
+  }
+}
+
+TEST_CASE("a checkpoint whose files disagree, or a folder without a run, is named") {
+  std::ostringstream quiet;
+  TrainOptions o = short_run("rps", "broken");
+  o.steps = 4;
+  o.checkpoint_every = 2;
+  train(o, quiet, false);
+  // An optimizer file from another step, as a save that died between the two files leaves.
+  const auto opt = nn::load_safetensors(o.out + "/optimizer.safetensors");
+  auto meta = opt.metadata;
+  meta["step"] = std::to_string(2);
+  nn::save_safetensors(o.out + "/optimizer.safetensors", opt.tensors, meta);
+  TrainOptions again = read_config(o.out);
+  again.resume = true;
+  CHECK_THROWS_WITH(train(again, quiet, false), Catch::Matchers::Contains("the model is from step 4 but the optimizer from step 2"));
+  CHECK_THROWS_WITH(read_config("/nonexistent/run"), Catch::Matchers::Contains("/nonexistent/run/config.json: cannot open"));
 }
