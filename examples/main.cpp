@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "examples/gradcheck_cases.hpp"
+#include "examples/tasks/tasks.hpp"
 #include "examples/train.hpp"
 
 namespace {
@@ -39,6 +40,30 @@ int run_gradcheck(const std::string& filter) {
 
 int run_tasks() {
   for (const std::string& name : task_names()) fmt::print("{:<10} {}\n", name, make_task(name)->info().description);
+  return 0;
+}
+
+// Accuracy on fresh sequences; brackets also at lengths 26-40, where the model's positions allow.
+int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
+  const TrainOptions o = read_config(dir);
+  const auto model = load_model(dir);
+  const auto task = make_task(o.task);
+  const std::size_t batches = (n + o.batch - 1) / o.batch;
+  const Metrics m = evaluate(*model, *task, batches, o.batch, seed);
+  nlohmann::json out = {{"task", o.task}, {"dir", dir}, {"sequences", batches * o.batch}, {"seed", seed},
+                        {"accuracy", m.accuracy}, {"exact_match", m.exact_match}};
+  if (o.task == "brackets") {
+    const BracketsTask longer(26, 40);
+    if (longer.info().max_len <= o.model.max_len) {
+      const Metrics l = evaluate(*model, longer, batches, o.batch, seed);
+      out["longer"] = {{"lengths", "26-40"}, {"accuracy", l.accuracy}, {"exact_match", l.exact_match}};
+    } else {
+      out["longer"] = {{"lengths", "26-40"}, {"accuracy", nullptr},
+                       {"reason", fmt::format("the model has {} learned positions; lengths up to 40 need {}",
+                                              o.model.max_len, longer.info().max_len)}};
+    }
+  }
+  fmt::print("{}\n", out.dump());
   return 0;
 }
 
@@ -92,6 +117,14 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (default 500; and at the end)");
   train_cmd->add_flag("--resume", resume, "Continue the run in --out (default runs/TASK) from its last checkpoint");
 
+  std::string eval_dir;
+  long long eval_n = 1024;
+  std::uint64_t eval_seed = 1;
+  auto* eval = app.add_subcommand("eval", "Accuracy of a trained run on fresh sequences, as one JSON object");
+  eval->add_option("DIR", eval_dir, "Run folder (as qkv train --out)")->required();
+  eval->add_option("--n", eval_n, "Sequences (rounded up to whole batches)");
+  eval->add_option("--seed", eval_seed, "Seed of the fresh sequences");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -101,6 +134,10 @@ int main(int argc, char** argv) {
   try {
     if (*gradcheck) return run_gradcheck(filter);
     if (*tasks) return run_tasks();
+    if (*eval) {
+      if (eval_n <= 0) qkv::fail("--n", "must be positive, got {}", eval_n);
+      return run_eval(eval_dir, std::size_t(eval_n), eval_seed);
+    }
     if (*train_cmd) {
       if (resume) {
         for (auto* opt : train_cmd->get_options())

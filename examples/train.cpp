@@ -115,6 +115,19 @@ TrainOptions default_options(const std::string& task_name) {
   return o;
 }
 
+std::unique_ptr<Model> load_model(const std::string& dir) {
+  const TrainOptions o = read_config(dir);
+  Generator gen(o.seed);
+  auto model = std::make_unique<Model>(o.model, gen);
+  const std::string file = dir + "/model.safetensors";
+  try {
+    model->load_state_dict(nn::load_safetensors(file).tensors);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}: does not fit {}/config.json: {}", file, dir, e.what()));
+  }
+  return model;
+}
+
 Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed) {
   NoGradGuard no_grad;
   Generator gen(seed ^ held_out_stream);

@@ -3,6 +3,7 @@
 // held-out sequences.
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -40,6 +41,10 @@ struct TrainResult {
 // progress on `progress` (an in-place line when `tty`, else a line per log step). A resumed run
 // ends with weights bit-identical to those of an uninterrupted one.
 TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty);
+
+// The model of a run folder: rebuilt from config.json, with the weights of model.safetensors.
+// Throws std::runtime_error naming the file at fault.
+std::unique_ptr<Model> load_model(const std::string& dir);
 
 // Accuracy of `model` on `batches` fresh batches drawn from `seed`.
 Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed);

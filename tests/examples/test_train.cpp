@@ -121,3 +121,27 @@ TEST_CASE("a checkpoint whose files disagree, or a folder without a run, is name
   CHECK_THROWS_WITH(train(again, quiet, false), Catch::Matchers::Contains("the model is from step 4 but the optimizer from step 2"));
   CHECK_THROWS_WITH(read_config("/nonexistent/run"), Catch::Matchers::Contains("/nonexistent/run/config.json: cannot open"));
 }
+
+TEST_CASE("a run folder's model loads back and scores as it did after training") {
+  std::ostringstream quiet;
+  const TrainOptions o = short_run("induction", "load");
+  const TrainResult r = train(o, quiet, false);
+  const auto model = load_model(o.out);
+  const Metrics again = evaluate(*model, *make_task("induction"), o.eval_batches, o.batch, o.seed);
+  CHECK(again.accuracy == r.eval.accuracy);
+  CHECK(again.scored == r.eval.scored);
+}
+
+TEST_CASE("a config.json that does not match the tensors is named") {
+  std::ostringstream quiet;
+  const TrainOptions o = short_run("rps", "mismatch");
+  train(o, quiet, false);
+  std::ifstream in(o.out + "/config.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = text.find("\"d_model\": 32");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 13, "\"d_model\": 16");
+  nn::write_atomically(o.out + "/config.json", text);
+  CHECK_THROWS_WITH(load_model(o.out), Catch::Matchers::Contains("model.safetensors: does not fit") &&
+                                           Catch::Matchers::Contains("mis-shaped tok.weight (given (24,32), expected (24,16))"));
+}
