@@ -139,6 +139,14 @@ int main(int argc, char** argv) {
       return run_eval(eval_dir, std::size_t(eval_n), eval_seed);
     }
     if (*train_cmd) {
+      const auto positive = [](const char* name, const std::optional<long long>& v, std::size_t& into) {
+        if (!v) return;
+        if (*v <= 0) qkv::fail(name, "must be positive, got {}", *v);
+        into = std::size_t(*v);
+      };
+      std::size_t blas_threads = 1;
+      positive("--threads", threads, blas_threads);
+      openblas_set_num_threads(int(blas_threads));
       if (resume) {
         for (auto* opt : train_cmd->get_options())
           if (opt->count() > 0 && !opt->check_name("TASK") && !opt->check_name("--out") &&
@@ -147,15 +155,9 @@ int main(int argc, char** argv) {
         TrainOptions o = read_config(out.empty() ? "runs/" + task : out);
         if (o.task != task) qkv::fail("--resume", "the run in {} is a {} run, not {}", o.out, o.task, task);
         o.resume = true;
-        openblas_set_num_threads(int(threads.value_or(1)));
         return run_train(o);
       }
       TrainOptions o = default_options(task);
-      const auto positive = [](const char* name, const std::optional<long long>& v, std::size_t& into, bool zero_ok = false) {
-        if (!v) return;
-        if (*v < 0 || (*v == 0 && !zero_ok)) qkv::fail(name, "must be {}, got {}", zero_ok ? "non-negative" : "positive", *v);
-        into = std::size_t(*v);
-      };
       positive("--steps", steps, o.steps);
       positive("--layers", layers, o.model.layers);
       positive("--heads", heads, o.model.heads);
@@ -164,8 +166,6 @@ int main(int argc, char** argv) {
       positive("--kv-heads", kv_heads, o.model.kv_heads);
       positive("--batch", batch, o.batch);
       positive("--checkpoint-every", checkpoint_every, o.checkpoint_every);
-      std::size_t blas_threads = 1;
-      positive("--threads", threads, blas_threads);
       if (o.model.d_head == 0 && o.model.d_model % o.model.heads != 0)
         qkv::fail("--heads", "{} does not divide --d-model {} (or give --d-head)", o.model.heads, o.model.d_model);
       if (seed) o.seed = *seed;
@@ -179,7 +179,6 @@ int main(int argc, char** argv) {
                        : proj == "frozen" ? qkv::nn::Projection::frozen : qkv::nn::Projection::identity;
       if (no_scale) o.model.scale = false;
       o.out = out;
-      openblas_set_num_threads(int(blas_threads));
       return run_train(o);
     }
   } catch (const std::invalid_argument& e) {
