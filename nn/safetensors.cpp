@@ -74,7 +74,7 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
 template <class T>
 Tensor read_tensor(const std::string& file, const Entry& e, const char* data) {
   Array<T> a = Array<T>::from_shape(e.shape);
-  std::memcpy(a.data(), data + e.begin, e.end - e.begin);
+  if (e.end > e.begin) std::memcpy(a.data(), data + e.begin, e.end - e.begin);  // an empty array may have no buffer
   const auto bad = std::find_if(a.begin(), a.end(), [](T v) { return !std::isfinite(v); });
   if (bad != a.end())
     bad_file(file, "tensor '{}' holds {} at flat index {}", e.name, *bad, std::size_t(bad - a.begin()));
