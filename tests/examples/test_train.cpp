@@ -145,3 +145,22 @@ TEST_CASE("a config.json that does not match the tensors is named") {
   CHECK_THROWS_WITH(load_model(o.out), Catch::Matchers::Contains("model.safetensors: does not fit") &&
                                            Catch::Matchers::Contains("mis-shaped tok.weight (given (24,32), expected (24,16))"));
 }
+
+TEST_CASE("a checkpoint with missing or unexpected tensors is named") {
+  std::ostringstream quiet;
+  TrainOptions o = short_run("rps", "names");
+  o.steps = 2;
+  train(o, quiet, false);
+  const std::string file = o.out + "/model.safetensors";
+  auto model = nn::load_safetensors(file);
+  const std::string dropped = model.tensors.back().first;
+  model.tensors.pop_back();
+  model.tensors.emplace_back("extra.weight", zeros({2}));
+  nn::save_safetensors(file, model.tensors, model.metadata);
+  TrainOptions again = read_config(o.out);
+  again.resume = true;
+  CHECK_THROWS_WITH(train(again, quiet, false), Catch::Matchers::Contains(file) &&
+                                                    Catch::Matchers::Contains("missing " + dropped) &&
+                                                    Catch::Matchers::Contains("unexpected extra.weight"));
+  CHECK_THROWS_WITH(load_model(o.out), Catch::Matchers::Contains("does not fit"));
+}
