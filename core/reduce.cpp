@@ -41,8 +41,7 @@ auto expand(const Array<T>& g, const Reduction& r) {
 
 template <class T>
 Tensor sum_scaled(const char* op, const Tensor& x, const Reduction& r, T scale) {
-  Array<T> y = x.value<T>();
-  if (!r.axes.empty()) y = xt::sum(x.value<T>(), r.axes, keep);
+  Array<T> y = r.axes.empty() ? Array<T>(x.value<T>()) : Array<T>(xt::sum(x.value<T>(), r.axes, keep));
   if (scale != T(1)) y *= scale;
   y.reshape(r.out);
   return record_op<T>(op, std::move(y), {&x}, [r, scale](BackwardContext<T>& ctx) {
@@ -74,8 +73,7 @@ Tensor max(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim)
   if (r.count == 0) fail("max", "reducing over an empty axis of shape {}", to_string(r.in));
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    Array<T> y = x.value<T>();
-    if (!r.axes.empty()) y = xt::amax(x.value<T>(), r.axes, keep);
+    Array<T> y = r.axes.empty() ? Array<T>(x.value<T>()) : Array<T>(xt::amax(x.value<T>(), r.axes, keep));
     y.reshape(r.out);
     return record_op<T>("max", std::move(y), {&x}, [x, r](BackwardContext<T>& ctx) {
       // The gradient goes to the maxima, shared equally among ties.

@@ -81,15 +81,16 @@ Tensor Model::loss(const Forward& f, const IndexArray& targets) const {
 }
 
 IndexArray Model::predictions(const Tensor& output) {
-  const Tensor o = output.to(DType::float64);
-  const auto& v = o.value<double>();
-  const std::size_t B = v.shape()[0], T = v.shape()[1], C = v.shape()[2];
-  IndexArray out = IndexArray::from_shape({B, T});
-  for (std::size_t i = 0; i < B * T; ++i) {
-    const double* row = v.data() + i * C;
-    out.data()[i] = std::int64_t(std::max_element(row, row + C) - row);
-  }
-  return out;
+  const auto argmax_rows = [](const auto& v) {
+    const std::size_t B = v.shape()[0], T = v.shape()[1], C = v.shape()[2];
+    IndexArray out = IndexArray::from_shape({B, T});
+    for (std::size_t i = 0; i < B * T; ++i) {
+      const auto* row = v.data() + i * C;
+      out.data()[i] = std::int64_t(std::max_element(row, row + C) - row);
+    }
+    return out;
+  };
+  return output.dtype() == DType::float32 ? argmax_rows(output.value<float>()) : argmax_rows(output.value<double>());
 }
 
 }  // namespace qkv::examples

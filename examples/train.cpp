@@ -131,18 +131,19 @@ std::unique_ptr<Model> load_model(const std::string& dir) {
 Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed) {
   NoGradGuard no_grad;
   Generator gen(seed ^ held_out_stream);
-  std::size_t scored = 0;
-  double correct = 0, exact = 0, sequences = 0;
+  Metrics total;
+  double correct = 0, exact = 0;
   for (std::size_t i = 0; i < batches; ++i) {
     const Batch b = task.sample(batch_size, gen);
     const Metrics m = score(Model::predictions(model.forward(b.tokens).output), b);
-    scored += m.scored;
     correct += m.accuracy * double(m.scored);
-    exact += m.exact_match * double(batch_size);
-    sequences += double(batch_size);
+    exact += m.exact_match * double(m.sequences);
+    total.scored += m.scored;
+    total.sequences += m.sequences;
   }
-  return {.accuracy = scored ? correct / double(scored) : 0, .exact_match = sequences ? exact / sequences : 0,
-          .scored = scored};
+  total.accuracy = total.scored ? correct / double(total.scored) : 0;
+  total.exact_match = total.sequences ? exact / double(total.sequences) : 0;
+  return total;
 }
 
 TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {

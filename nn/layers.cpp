@@ -65,17 +65,15 @@ Tensor LearnedPositionalEncoding::forward(const Tensor& x, std::size_t offset) c
   return add_positions("LearnedPositionalEncoding", x, weight, offset);
 }
 
-SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(std::size_t max_len, std::size_t d_model)
-    : max_len_(max_len), d_model_(d_model) {}
-
-Tensor SinusoidalPositionalEncoding::table(DType dtype) const {
-  Array<double> p = Array<double>::from_shape({max_len_, d_model_});
-  for (std::size_t t = 0; t < max_len_; ++t)
-    for (std::size_t d = 0; d < d_model_; ++d) {
-      const double angle = double(t) / std::pow(10000.0, double(d - d % 2) / double(d_model_));
+SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(std::size_t max_len, std::size_t d_model) {
+  Array<double> p = Array<double>::from_shape({max_len, d_model});
+  for (std::size_t t = 0; t < max_len; ++t)
+    for (std::size_t d = 0; d < d_model; ++d) {
+      const double angle = double(t) / std::pow(10000.0, double(d - d % 2) / double(d_model));
       p(t, d) = d % 2 == 0 ? std::sin(angle) : std::cos(angle);
     }
-  return Tensor(std::move(p)).to(dtype);
+  table64_ = Tensor(std::move(p));
+  table32_ = table64_.to(DType::float32);
 }
 
 Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, std::size_t offset) const {

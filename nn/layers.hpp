@@ -60,10 +60,10 @@ class SinusoidalPositionalEncoding : public Module {
   Tensor forward(const Tensor& x, std::size_t offset = 0) const;
   Tensor operator()(const Tensor& x, std::size_t offset = 0) const { return forward(x, offset); }
 
-  Tensor table(DType dtype) const;  // (max_len, D)
+  const Tensor& table(DType dtype) const { return dtype == DType::float32 ? table32_ : table64_; }  // (max_len, D)
 
  private:
-  std::size_t max_len_, d_model_;
+  Tensor table32_, table64_;
 };
 
 }  // namespace qkv::nn

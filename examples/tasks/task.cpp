@@ -36,6 +36,7 @@ Metrics score(const IndexArray& predictions, const Batch& batch) {
   }
   m.accuracy = m.scored ? double(correct) / double(m.scored) : 0;
   m.exact_match = sequences ? double(exact) / double(sequences) : 0;
+  m.sequences = sequences;
   return m;
 }
 

@@ -36,7 +36,8 @@ struct TaskInfo {
 struct Metrics {
   double accuracy = 0;     // share of scored positions predicted right
   double exact_match = 0;  // share of sequences with every scored position right
-  std::size_t scored = 0;  // positions scored
+  std::size_t scored = 0;     // positions scored
+  std::size_t sequences = 0;  // sequences with a scored position (exact_match's denominator)
 };
 
 // A (rows, cols) array of one value.

@@ -132,6 +132,12 @@ TEST_CASE("score: accuracy over scored positions and exact match over sequences"
   Batch b{IndexArray{{0, 0, 0}, {0, 0, 0}}, IndexArray{{-100, 1, 2}, {-100, -100, 4}}};
   const Metrics m = score(IndexArray{{9, 1, 0}, {9, 9, 4}}, b);
   CHECK(m.scored == 3);
+  CHECK(m.sequences == 2);
+  // A sequence with nothing scored counts in neither denominator.
+  Batch c{IndexArray{{0, 0}, {0, 0}}, IndexArray{{1, -100}, {-100, -100}}};
+  const Metrics n = score(IndexArray{{1, 0}, {5, 5}}, c);
+  CHECK(n.sequences == 1);
+  CHECK(n.exact_match == 1.0);
   CHECK(m.accuracy == Approx(2.0 / 3));
   CHECK(m.exact_match == Approx(0.5));
 }

@@ -13,9 +13,11 @@ using namespace qkv::examples;
 
 namespace {
 
-TrainOptions short_run(const std::string& task, const std::string& out) {
+TrainOptions short_run(const std::string& task, const std::string& out, std::size_t steps = 30,
+                       std::size_t checkpoint_every = 500) {
   TrainOptions o = default_options(task);
-  o.steps = 30;
+  o.steps = steps;
+  o.checkpoint_every = checkpoint_every;
   o.warmup = 5;
   o.log_every = 10;
   o.eval_batches = 2;
@@ -75,21 +77,16 @@ TEST_CASE("training writes its config, one metrics line per log step, and the mo
 
 TEST_CASE("a one-step run trains and evaluates") {
   std::ostringstream quiet;
-  TrainOptions o = short_run("rps", "one");
-  o.steps = 1;
+  const TrainOptions o = short_run("rps", "one", 1);
   CHECK(train(o, quiet, false).steps == 1);
 }
 
 TEST_CASE("a resumed run ends with weights bit-identical to an uninterrupted run") {
   std::ostringstream quiet;
-  TrainOptions whole = short_run("brackets", "whole");
-  whole.steps = 40;
-  whole.checkpoint_every = 10;
+  TrainOptions whole = short_run("brackets", "whole", 40, 10);
   train(whole, quiet, false);
 
-  TrainOptions first = short_run("brackets", "split");
-  first.steps = 40;
-  first.checkpoint_every = 10;
+  TrainOptions first = short_run("brackets", "split", 40, 10);
   first.stop_after = 25;  // not at a checkpoint boundary
   CHECK(train(first, quiet, false).steps == 25);
   TrainOptions rest = read_config(first.out);
@@ -107,9 +104,7 @@ TEST_CASE("a resumed run ends with weights bit-identical to an uninterrupted run
 
 TEST_CASE("a checkpoint whose files disagree, or a folder without a run, is named") {
   std::ostringstream quiet;
-  TrainOptions o = short_run("rps", "broken");
-  o.steps = 4;
-  o.checkpoint_every = 2;
+  const TrainOptions o = short_run("rps", "broken", 4, 2);
   train(o, quiet, false);
   // An optimizer file from another step, as a save that died between the two files leaves.
   const auto opt = nn::load_safetensors(o.out + "/optimizer.safetensors");
@@ -148,8 +143,7 @@ TEST_CASE("a config.json that does not match the tensors is named") {
 
 TEST_CASE("a checkpoint with missing or unexpected tensors is named") {
   std::ostringstream quiet;
-  TrainOptions o = short_run("rps", "names");
-  o.steps = 2;
+  const TrainOptions o = short_run("rps", "names", 2);
   train(o, quiet, false);
   const std::string file = o.out + "/model.safetensors";
   auto model = nn::load_safetensors(file);
