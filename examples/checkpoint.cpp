@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 
-#include "nn/safetensors.hpp"
 
 namespace qkv::examples {
 
@@ -39,9 +38,13 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
 }
 
 CheckpointState load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer) {
+  return restore_checkpoint(dir, nn::load_safetensors(dir + "/model.safetensors"),
+                            nn::load_safetensors(dir + "/optimizer.safetensors"), model, optimizer);
+}
+
+CheckpointState restore_checkpoint(const std::string& dir, const nn::Safetensors& m, const nn::Safetensors& o,
+                                   nn::Module& model, optim::Optimizer& optimizer) {
   const std::string model_file = dir + "/model.safetensors", optimizer_file = dir + "/optimizer.safetensors";
-  const nn::Safetensors m = nn::load_safetensors(model_file);
-  const nn::Safetensors o = nn::load_safetensors(optimizer_file);
   CheckpointState state;
   state.step = parse_step(model_file, metadata(m, model_file, "step"));
   const std::size_t optimizer_step = parse_step(optimizer_file, metadata(o, optimizer_file, "step"));

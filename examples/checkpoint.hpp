@@ -8,6 +8,7 @@
 
 #include "core/random.hpp"
 #include "nn/module.hpp"
+#include "nn/safetensors.hpp"
 #include "optim/optimizer.hpp"
 
 namespace qkv::examples {
@@ -22,5 +23,9 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
 // Loads into `model` and `optimizer`; throws std::runtime_error naming the file and the fault
 // (unreadable files, names or shapes that do not fit the model, files from different steps).
 CheckpointState load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer);
+// The same from the two files already parsed; `dir` names the folder in messages.
+CheckpointState restore_checkpoint(const std::string& dir, const nn::Safetensors& model_file,
+                                   const nn::Safetensors& optimizer_file, nn::Module& model,
+                                   optim::Optimizer& optimizer);
 
 }  // namespace qkv::examples

@@ -48,18 +48,30 @@ T field(const nlohmann::json& j, const char* key, const std::string& file) {
 
 }  // namespace
 
+std::string config_text(const TrainOptions& o) { return config_json(o).dump(2) + "\n"; }
+
 TrainOptions read_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
-  std::ifstream in(file);
+  std::ifstream in(file, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("{}: cannot open (is {} a run folder?)", file, dir));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TrainOptions o = parse_config(text, file);
+  o.out = dir;
+  return o;
+}
+
+TrainOptions parse_config(std::string_view text, const std::string& file) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(fmt::format("{}: invalid JSON: {}", file, e.what()));
   }
-  TrainOptions o = default_options(field<std::string>(j, "task", file));
-  o.out = dir;
+  const std::string task = field<std::string>(j, "task", file);
+  const auto names = task_names();
+  if (std::find(names.begin(), names.end(), task) == names.end())
+    throw std::runtime_error(fmt::format("{}: unknown task '{}'", file, task));
+  TrainOptions o = default_options(task);
   o.seed = field<std::uint64_t>(j, "seed", file);
   o.steps = field<std::size_t>(j, "steps", file);
   o.batch = field<std::size_t>(j, "batch", file);
@@ -153,7 +165,7 @@ TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
   const std::string out = o.out.empty() ? "runs/" + o.task : o.out;
   if (!o.resume) {
     std::filesystem::create_directories(out);
-    nn::write_atomically(out + "/config.json", config_json(o).dump(2) + "\n");
+    nn::write_atomically(out + "/config.json", config_text(o));
   }
   std::ofstream metrics(out + "/metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
 

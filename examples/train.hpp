@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "examples/model.hpp"
 
@@ -24,8 +25,12 @@ struct TrainOptions {
   ModelConfig model;
 };
 
+// The text of the config.json that records `options`.
+std::string config_text(const TrainOptions& options);
 // The options a run folder's config.json records; throws std::runtime_error naming the file.
 TrainOptions read_config(const std::string& dir);
+// The same from the text of a config.json; `file` names it in messages.
+TrainOptions parse_config(std::string_view text, const std::string& file);
 
 // The defaults of each task, with which `qkv train TASK` reaches the task's target.
 TrainOptions default_options(const std::string& task);

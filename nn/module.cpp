@@ -17,9 +17,10 @@ void Module::register_parameter(std::string name, const Tensor& tensor) {
 void Module::register_module(std::string name, Module& child) { children_.emplace_back(std::move(name), &child); }
 
 void Module::collect(const std::string& prefix, StateDict& out) const {
-  for (const auto& [name, t] : parameters_) {
+  for (const auto& entry : parameters_) {
+    const Tensor& t = entry.second;
     const bool seen = std::any_of(out.begin(), out.end(), [&](const auto& p) { return p.second.is_same(t); });
-    if (!seen) out.emplace_back(prefix + name, t);
+    if (!seen) out.emplace_back(prefix + entry.first, t);
   }
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
 }
@@ -51,8 +52,10 @@ void Module::load_state_dict(const StateDict& state) {
                                        it->second.defined() ? to_string(it->second.shape()) : "undefined",
                                        to_string(t.shape())));
   }
-  for (const auto& [name, t] : state)
+  for (const auto& entry : state) {
+    const std::string& name = entry.first;
     if (std::none_of(own.begin(), own.end(), [&](const auto& p) { return p.first == name; })) unexpected.push_back(name);
+  }
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
     std::vector<std::string> parts;
     if (!missing.empty()) parts.push_back(fmt::format("missing {}", fmt::join(missing, ", ")));

@@ -170,6 +170,11 @@ Safetensors load_safetensors(const std::string& path) {
 
 void save_safetensors(const std::string& path, const StateDict& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  write_atomically(path, serialize_safetensors(tensors, metadata, path));
+}
+
+std::string serialize_safetensors(const StateDict& tensors, const std::map<std::string, std::string>& metadata,
+                                  const std::string& path) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
@@ -193,7 +198,7 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
                                                 : reinterpret_cast<const char*>(t.value<double>().data());
     bytes.append(p, t.numel() * dtype_size(t.dtype()));
   }
-  write_atomically(path, bytes);
+  return bytes;
 }
 
 void write_atomically(const std::string& path, std::string_view bytes) {

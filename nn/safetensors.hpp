@@ -18,6 +18,9 @@ struct Safetensors {
 // Writes float32 tensors as F32 and float64 as F64, atomically (see write_atomically).
 void save_safetensors(const std::string& path, const StateDict& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+// The bytes save_safetensors writes; `name` stands for the file in messages.
+std::string serialize_safetensors(const StateDict& tensors, const std::map<std::string, std::string>& metadata = {},
+                                  const std::string& name = "(in memory)");
 
 // Reads a file that save_safetensors (or Python's safetensors) wrote with F32/F64 tensors.
 // Anything else throws std::runtime_error naming the file and the fault: an empty or truncated

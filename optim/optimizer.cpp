@@ -79,6 +79,8 @@ void Optimizer::load_state_dict(const StateDict& state) {
            params_.size(), fmt::join(known, ", "));
     if (field == "step") {
       steps[i] = t.item();
+      if (!(steps[i] >= 0 && steps[i] <= 0x1p53) || steps[i] != std::floor(steps[i]))
+        fail("Optimizer::load_state_dict", "'{}' = {} is not a step count", name, steps[i]);
     } else {
       if (t.shape() != params_[i].shape() || t.dtype() != params_[i].dtype())
         fail("Optimizer::load_state_dict", "'{}' is {} {} but parameter {} is {} {}", name, dtype_name(t.dtype()),

@@ -185,6 +185,12 @@ TEST_CASE("load_state_dict rejects state that does not fit the parameters") {
              Contains("'0.exp_avg' is float64 (1) but parameter 0 is float64 (2)"));
   CHECK_THAT(invalid_argument_message([&] { opt.load_state_dict({{"3.exp_avg", f64({1.0})}}); }),
              Contains("unexpected entry '3.exp_avg'"));
+  CHECK_THAT(invalid_argument_message([&] { opt.load_state_dict({{"0.step", f64({-1.0})}}); }),
+             Contains("'0.step' = -1 is not a step count"));
+  CHECK_THAT(invalid_argument_message([&] { opt.load_state_dict({{"0.step", f64({2.5})}}); }),
+             Contains("'0.step' = 2.5 is not a step count"));
+  CHECK_THAT(invalid_argument_message([&] { opt.load_state_dict({{"lr", f64({1.0, 2.0})}}); }),
+             Contains("item: the tensor has shape (2), not one element"));
 }
 
 TEST_CASE("clip_grad_norm scales all gradients together and returns the norm before") {

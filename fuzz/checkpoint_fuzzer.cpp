@@ -1,0 +1,41 @@
+// libFuzzer target for the checkpoint loader. Each input is tried as each of a run folder's
+// three files, with the other two valid: as config.json, as model.safetensors and as
+// optimizer.safetensors. A bad file must end in a std::runtime_error; any other exception, a
+// crash, a sanitizer report, a hang or a huge allocation is a bug.
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string_view>
+
+#include "examples/checkpoint.hpp"
+#include "fuzz/fixture.hpp"
+
+namespace {
+
+template <class F>
+void expect_success_or_runtime_error(F f) {
+  try {
+    f();
+  } catch (const std::runtime_error&) {
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace qkv;
+  static const fuzz::Fixture run;
+  static const nn::Safetensors model_file = nn::parse_safetensors(run.model_file, "fuzz/model.safetensors");
+  static const nn::Safetensors optimizer_file = nn::parse_safetensors(run.optimizer_file, "fuzz/optimizer.safetensors");
+  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+
+  expect_success_or_runtime_error([&] { examples::parse_config(bytes, "fuzz/config.json"); });
+  expect_success_or_runtime_error([&] {
+    const nn::Safetensors file = nn::parse_safetensors(bytes, "fuzz/input.safetensors");
+    expect_success_or_runtime_error(
+        [&] { examples::restore_checkpoint("fuzz", file, optimizer_file, *run.model, *run.optimizer); });
+    expect_success_or_runtime_error(
+        [&] { examples::restore_checkpoint("fuzz", model_file, file, *run.model, *run.optimizer); });
+  });
+  return 0;
+}

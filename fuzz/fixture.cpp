@@ -1,0 +1,28 @@
+#include "fuzz/fixture.hpp"
+
+#include "core/ops.hpp"
+#include "nn/safetensors.hpp"
+
+namespace qkv::fuzz {
+
+Fixture::Fixture() : options(examples::default_options("brackets")) {
+  options.out = "fuzz";
+  options.model.layers = 1;
+  options.model.heads = 1;
+  options.model.d_model = 4;
+  Generator gen(options.seed);
+  model = std::make_unique<examples::Model>(options.model, gen);
+  optimizer = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = options.lr});
+  // One step on Σ‖p‖², whose gradients need no BLAS: the files are the same bytes on every machine.
+  Tensor loss = scalar(0.0);
+  for (const Tensor& p : model->parameters()) loss = loss + sum(p * p);
+  loss.backward();
+  optimizer->step();
+  const auto& r = gen.state();
+  config = examples::config_text(options);
+  model_file = nn::serialize_safetensors(model->state_dict(), {{"step", "1"}});
+  optimizer_file = nn::serialize_safetensors(
+      optimizer->state_dict(), {{"step", "1"}, {"rng", fmt::format("{} {} {} {}", r[0], r[1], r[2], r[3])}});
+}
+
+}  // namespace qkv::fuzz

@@ -1,0 +1,21 @@
+#pragma once
+// The run the checkpoint fuzzer and its corpus share: a one-layer bracket model with d_model 4,
+// and its Adam optimizer after one step, with the bytes of its three files.
+#include <memory>
+#include <string>
+
+#include "examples/train.hpp"
+#include "optim/adam.hpp"
+
+namespace qkv::fuzz {
+
+struct Fixture {
+  Fixture();
+  examples::TrainOptions options;
+  std::unique_ptr<examples::Model> model;
+  std::unique_ptr<optim::Adam> optimizer;
+  // The valid files of the run.
+  std::string config, model_file, optimizer_file;
+};
+
+}  // namespace qkv::fuzz

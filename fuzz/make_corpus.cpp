@@ -1,0 +1,128 @@
+// Writes the checkpoint fuzzer's seed corpus into a folder: the three valid files of the fuzz
+// run, and one broken file for each fault the loader names.
+//   qkv_fuzz_corpus fuzz/corpus
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "fuzz/fixture.hpp"
+#include "nn/safetensors.hpp"
+
+namespace {
+
+using qkv::StateDict;
+using Json = nlohmann::ordered_json;
+
+// A safetensors file from its header and data.
+std::string file_of(const Json& header, std::string_view data) {
+  const std::string json = header.dump();
+  std::string bytes(8, '\0');
+  const std::uint64_t n = json.size();
+  std::memcpy(bytes.data(), &n, 8);
+  return bytes + json + std::string(data);
+}
+
+// `valid` with its header changed by `edit`, and the same data.
+std::string edited(const std::string& valid, const std::function<void(Json&)>& edit) {
+  std::uint64_t n;
+  std::memcpy(&n, valid.data(), 8);
+  Json header = Json::parse(valid.substr(8, n));
+  edit(header);
+  return file_of(header, std::string_view(valid).substr(8 + n));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: qkv_fuzz_corpus DIR\n";
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1];
+  std::filesystem::create_directories(dir);
+  const auto put = [&](const std::string& name, std::string_view bytes) {
+    qkv::nn::write_atomically((dir / name).string(), bytes);
+  };
+  const qkv::fuzz::Fixture run;
+  const std::string& model = run.model_file;
+  const std::string& optimizer = run.optimizer_file;
+  const StateDict state = run.model->state_dict();
+
+  put("config.json", run.config);
+  put("model.safetensors", model);
+  put("optimizer.safetensors", optimizer);
+
+  // Files that are not safetensors at all.
+  put("empty", "");
+  put("truncated-header", model.substr(0, 5));
+  put("truncated-json", model.substr(0, 40));
+  put("truncated-data", model.substr(0, model.size() - 3));
+  std::string too_long = model;
+  const std::uint64_t huge = std::uint64_t(1) << 40;
+  std::memcpy(too_long.data(), &huge, 8);
+  put("header-too-long", too_long);
+  put("header-not-json", file_of(Json(), "").replace(8, 4, "{\"a\""));
+  put("header-not-object", file_of(Json::array({1, 2}), ""));
+
+  // Header entries that do not describe the data.
+  const std::string first = state.front().first;
+  put("dtype-unknown", edited(model, [&](Json& h) { h[first]["dtype"] = "F17"; }));
+  put("dtype-unsupported", edited(model, [&](Json& h) { h[first]["dtype"] = "I32"; }));
+  put("dtype-missing", edited(model, [&](Json& h) { h[first].erase("dtype"); }));
+  put("shape-not-sizes", edited(model, [&](Json& h) { h[first]["shape"] = Json::array({-1, "2"}); }));
+  put("shape-size-mismatch", edited(model, [&](Json& h) { h[first]["shape"][0] = 1000; }));
+  put("shape-overflow", edited(model, [&](Json& h) {
+        h[first]["shape"] = Json::array({std::uint64_t(1) << 62, 64});
+      }));
+  put("offsets-outside", edited(model, [&](Json& h) { h[first]["data_offsets"][1] = 1 << 30; }));
+  put("offsets-reversed", edited(model, [&](Json& h) {
+        h[first]["data_offsets"] = Json::array({h[first]["data_offsets"][1], h[first]["data_offsets"][0]});
+      }));
+  put("offsets-overlap", edited(model, [&](Json& h) {
+        // The second tensor starts 4 bytes before the first one ends.
+        auto& offsets = h[state[1].first]["data_offsets"];
+        offsets = Json::array({offsets[0].get<std::uint64_t>() - 4, offsets[1].get<std::uint64_t>() - 4});
+      }));
+  put("metadata-not-strings", edited(model, [&](Json& h) { h["__metadata__"]["step"] = 1; }));
+
+  // Valid files whose contents do not fit the run.
+  StateDict with_nan = state;
+  with_nan.front().second = with_nan.front().second.detach().to(with_nan.front().second.dtype());
+  with_nan.front().second.mutable_value<float>().flat(0) = std::numeric_limits<float>::quiet_NaN();
+  put("weight-nan", qkv::nn::serialize_safetensors(with_nan, {{"step", "1"}}));
+  put("tensor-missing", qkv::nn::serialize_safetensors(StateDict(state.begin() + 1, state.end()), {{"step", "1"}}));
+  StateDict extra = state;
+  extra.emplace_back("blocks.7.attn.q_proj.weight", state.front().second);
+  put("tensor-unexpected", qkv::nn::serialize_safetensors(extra, {{"step", "1"}}));
+  put("tensor-float64", qkv::nn::serialize_safetensors(
+                            [&] {
+                              StateDict s = state;
+                              s.front().second = s.front().second.to(qkv::DType::float64);
+                              return s;
+                            }(),
+                            {{"step", "1"}}));
+  put("step-missing", edited(model, [&](Json& h) { h.erase("__metadata__"); }));
+  put("step-not-number", edited(model, [&](Json& h) { h["__metadata__"]["step"] = "1x"; }));
+  put("step-other", edited(model, [&](Json& h) { h["__metadata__"]["step"] = "2"; }));
+  put("rng-short", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "1 2 3"; }));
+  StateDict negative_step = run.optimizer->state_dict();
+  for (auto& [name, t] : negative_step)
+    if (name == "0.step") t = qkv::scalar(-1.0, qkv::DType::float64);
+  put("optimizer-step-negative",
+      qkv::nn::serialize_safetensors(negative_step, {{"step", "1"}, {"rng", "1 2 3 4"}}));
+
+  // config.json files qkv does not write.
+  put("config-not-json", run.config.substr(0, run.config.size() / 2));
+  std::string other_task = run.config;
+  other_task.replace(other_task.find("brackets"), 8, "sorting!");
+  put("config-unknown-task", other_task);
+  std::string wrong_type = run.config;
+  wrong_type.replace(wrong_type.find("\"causal\": true"), 14, "\"causal\": 1   ");
+  put("config-wrong-type", wrong_type);
+  std::cout << "wrote the corpus to " << dir.string() << "\n";
+}

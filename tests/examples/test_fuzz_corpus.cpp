@@ -1,0 +1,105 @@
+// The checkpoint fuzzer's seed corpus, run through the loader the way the fuzzer runs each input:
+// the valid files load, and each broken file is rejected with a std::runtime_error naming the
+// file and its fault.
+#include "tests/helpers.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "examples/checkpoint.hpp"
+#include "fuzz/fixture.hpp"
+
+using namespace qkv;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::string read(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// What the loader says about `bytes` as the file `role` of a run folder whose other files are
+// those of `run`: "" when it loads.
+std::string verdict(const fuzz::Fixture& run, const std::string& role, const std::string& bytes) {
+  try {
+    if (role == "config.json") {
+      examples::parse_config(bytes, "fuzz/config.json");
+    } else {
+      const nn::Safetensors file = nn::parse_safetensors(bytes, "fuzz/" + role);
+      const nn::Safetensors model = role == "model.safetensors" ? file : nn::parse_safetensors(run.model_file, "m");
+      const nn::Safetensors optimizer =
+          role == "optimizer.safetensors" ? file : nn::parse_safetensors(run.optimizer_file, "o");
+      examples::restore_checkpoint("fuzz", model, optimizer, *run.model, *run.optimizer);
+    }
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("every file of the fuzz corpus loads, or is rejected naming its fault") {
+  const fuzz::Fixture run;
+  // file → (its role in the run folder, what the error says; "" when it loads)
+  const std::map<std::string, std::pair<std::string, std::string>> expected = {
+      {"config.json", {"config.json", ""}},
+      {"model.safetensors", {"model.safetensors", ""}},
+      {"optimizer.safetensors", {"optimizer.safetensors", ""}},
+      {"tensor-float64", {"model.safetensors", ""}},  // converted on load, as in PyTorch
+      {"empty", {"model.safetensors", "fuzz/model.safetensors: empty or truncated: 0 bytes"}},
+      {"truncated-header", {"model.safetensors", "empty or truncated: 5 bytes"}},
+      {"truncated-json", {"model.safetensors", "is larger than the 32 bytes that follow it"}},
+      {"truncated-data", {"model.safetensors", "lie outside the"}},
+      {"header-too-long", {"model.safetensors", "header length 1099511627776 is larger than the"}},
+      {"header-not-json", {"model.safetensors", "invalid JSON header"}},
+      {"header-not-object", {"model.safetensors", "the JSON header is not an object"}},
+      {"dtype-unknown", {"model.safetensors", "unknown dtype 'F17'"}},
+      {"dtype-unsupported", {"model.safetensors", "dtype I32 is not supported"}},
+      {"dtype-missing", {"model.safetensors", "no dtype string"}},
+      {"shape-not-sizes", {"model.safetensors", "is not a list of sizes"}},
+      {"shape-size-mismatch", {"model.safetensors", "but data_offsets span"}},
+      {"shape-overflow", {"model.safetensors", "needs more than 2^64 bytes"}},
+      {"offsets-outside", {"model.safetensors", "lie outside the"}},
+      {"offsets-reversed", {"model.safetensors", "lie outside the"}},
+      {"offsets-overlap", {"model.safetensors", "overlaps tensor"}},
+      {"metadata-not-strings", {"model.safetensors", "__metadata__ 'step' is not a string"}},
+      {"weight-nan", {"model.safetensors", "holds nan at flat index 0"}},
+      {"tensor-missing", {"model.safetensors", "load_state_dict: missing tok.weight"}},
+      {"tensor-unexpected", {"model.safetensors", "load_state_dict: unexpected blocks.7.attn.q_proj.weight"}},
+      {"step-missing", {"model.safetensors", "fuzz/model.safetensors: no 'step' in its metadata"}},
+      {"step-not-number", {"model.safetensors", "step '1x' is not a number"}},
+      {"step-other", {"model.safetensors", "the model is from step 2 but the optimizer from step 1"}},
+      {"rng-short", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' is not four numbers"}},
+      {"optimizer-step-negative", {"optimizer.safetensors", "'0.step' = -1 is not a step count"}},
+      {"config-not-json", {"config.json", "fuzz/config.json: invalid JSON"}},
+      {"config-unknown-task", {"config.json", "unknown task 'sorting!'"}},
+      {"config-wrong-type", {"config.json", "missing or malformed 'causal'"}},
+  };
+  std::set<std::string> seen;
+  for (const auto& entry : std::filesystem::directory_iterator(QKV_FUZZ_CORPUS)) {
+    const std::string name = entry.path().filename().string();
+    INFO(name);
+    seen.insert(name);
+    const auto it = expected.find(name);
+    REQUIRE(it != expected.end());  // a new corpus file needs its expected verdict here
+    const auto& [role, message] = it->second;
+    const std::string got = verdict(run, role, read(entry.path()));
+    if (message.empty())
+      CHECK(got == "");
+    else
+      CHECK_THAT(got, Contains(message));
+  }
+  CHECK(seen.size() == expected.size());
+}
+
+TEST_CASE("the committed fuzz corpus is what qkv_fuzz_corpus writes today") {
+  // The fixture's valid files, byte for byte: a change to the model or the file format shows here.
+  const fuzz::Fixture run;
+  CHECK(read(std::filesystem::path(QKV_FUZZ_CORPUS) / "config.json") == run.config);
+  CHECK(read(std::filesystem::path(QKV_FUZZ_CORPUS) / "model.safetensors") == run.model_file);
+  CHECK(read(std::filesystem::path(QKV_FUZZ_CORPUS) / "optimizer.safetensors") == run.optimizer_file);
+}
