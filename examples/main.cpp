@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -12,8 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "examples/gradcheck_cases.hpp"
+#include "examples/inspect.hpp"
 #include "examples/tasks/tasks.hpp"
 #include "examples/train.hpp"
+#include "nn/safetensors.hpp"
 
 namespace {
 
@@ -64,6 +67,46 @@ int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
     }
   }
   fmt::print("{}\n", out.dump());
+  return 0;
+}
+
+struct InspectArgs {
+  std::string dir, input, html, svg;
+  bool json = false;
+};
+
+// What the heads of a trained run learned: tables and heatmaps, --json, --html FILE, --svg DIR.
+int run_inspect(const InspectArgs& a) {
+  const TrainOptions o = read_config(a.dir);
+  const auto model = load_model(a.dir);
+  const auto task = make_task(o.task);
+  std::vector<std::int64_t> input;
+  if (a.input.empty()) {
+    input = typical_input(*task);
+  } else {
+    try {
+      input = task->encode(a.input);
+    } catch (const std::invalid_argument& e) {
+      qkv::fail("--input", "{}", e.what());
+    }
+    if (input.size() > o.model.max_len)
+      qkv::fail("--input", "{} tokens, but the model has {} positions", input.size(), o.model.max_len);
+  }
+  const Inspection in = inspect(*model, *task, input, a.dir);
+  if (!a.html.empty()) {
+    qkv::nn::write_atomically(a.html, to_html(in));
+    fmt::print(stderr, "qkv inspect: wrote {}\n", a.html);
+  }
+  if (!a.svg.empty()) {
+    const auto files = write_svgs(in, a.svg);
+    fmt::print(stderr, "qkv inspect: wrote {} SVG files to {}\n", files.size(), a.svg);
+  }
+  if (a.json) {
+    fmt::print("{}\n", to_json(in).dump());
+  } else if (a.html.empty() && a.svg.empty()) {
+    const bool color = ::isatty(1) && std::getenv("NO_COLOR") == nullptr;
+    print_report(std::cout, in, color);
+  }
   return 0;
 }
 
@@ -125,6 +168,14 @@ int main(int argc, char** argv) {
   eval->add_option("--n", eval_n, "Sequences (rounded up to whole batches)");
   eval->add_option("--seed", eval_seed, "Seed of the fresh sequences");
 
+  InspectArgs inspect_args;
+  auto* inspect_cmd = app.add_subcommand("inspect", "Show what W_q, W_k and W_v of a trained run learned");
+  inspect_cmd->add_option("DIR", inspect_args.dir, "Run folder (as qkv train --out)")->required();
+  inspect_cmd->add_option("--input", inspect_args.input, "A sequence of the task (default: a typical one)");
+  inspect_cmd->add_flag("--json", inspect_args.json, "Print the numbers as one JSON object");
+  inspect_cmd->add_option("--html", inspect_args.html, "Write a self-contained HTML page of heatmaps to this file");
+  inspect_cmd->add_option("--svg", inspect_args.svg, "Write each heatmap as an SVG file into this folder");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -134,6 +185,7 @@ int main(int argc, char** argv) {
   try {
     if (*gradcheck) return run_gradcheck(filter);
     if (*tasks) return run_tasks();
+    if (*inspect_cmd) return run_inspect(inspect_args);
     if (*eval) {
       if (eval_n <= 0) qkv::fail("--n", "must be positive, got {}", eval_n);
       return run_eval(eval_dir, std::size_t(eval_n), eval_seed);

@@ -60,7 +60,9 @@ Forward Model::forward(const IndexArray& tokens, bool need_weights) const {
   for (std::size_t l = 0; l < blocks.size(); ++l) {
     const Block& b = *blocks[l];
     const bool last = l + 1 == blocks.size();
-    nn::AttentionResult r = b.attn.forward(b.ln1(x), mask, need_weights || (last && config_.readout == Readout::pointer));
+    f.inputs.push_back(b.ln1(x));
+    nn::AttentionResult r =
+        b.attn.forward(f.inputs.back(), mask, need_weights || (last && config_.readout == Readout::pointer));
     x = x + r.output;
     if (b.fc) x = x + (*b.proj)(gelu((*b.fc)((*b.ln2)(x))));
     f.attention.push_back(std::move(r));

@@ -34,6 +34,7 @@ class Block : public nn::Module {
 struct Forward {
   Tensor output;                               // (B, T, n_classes) logits, or (B, T, T) scores of head 0
   std::vector<nn::AttentionResult> attention;  // per layer, with weights and scores
+  std::vector<Tensor> inputs;                  // per layer: what its attention read, ln1(x)
 };
 
 class Model : public nn::Module {

@@ -82,4 +82,9 @@ std::vector<std::int64_t> BracketsTask::encode(const std::string& text) const {
   return tokens;
 }
 
+std::string BracketsTask::token_name(std::int64_t token) const {
+  static const char* const names[] = {"BOS", "(", ")", "[", "]", "pad"};
+  return token >= 0 && token <= pad ? names[token] : fmt::format("?{}", token);
+}
+
 }  // namespace qkv::examples

@@ -53,4 +53,6 @@ std::vector<std::int64_t> InductionTask::encode(const std::string& text) const {
   return tokens;
 }
 
+std::string InductionTask::token_name(std::int64_t token) const { return std::to_string(token); }
+
 }  // namespace qkv::examples

@@ -65,4 +65,6 @@ std::vector<std::int64_t> RpsTask::encode(const std::string& text) const {
   return tokens;
 }
 
+std::string RpsTask::token_name(std::int64_t token) const { return decode({token}); }
+
 }  // namespace qkv::examples

@@ -55,6 +55,8 @@ class Task {
   // naming the character it cannot read.
   virtual std::string decode(const std::vector<std::int64_t>& tokens) const = 0;
   virtual std::vector<std::int64_t> encode(const std::string& text) const = 0;
+  // A short label for one token id, for tables and plots ("BOS", "(", "Ra", "17").
+  virtual std::string token_name(std::int64_t token) const = 0;
 };
 
 std::vector<std::string> task_names();

@@ -16,6 +16,7 @@ class BracketsTask : public Task {
   Batch sample(std::size_t batch_size, Generator& gen) const override;
   std::string decode(const std::vector<std::int64_t>& tokens) const override;
   std::vector<std::int64_t> encode(const std::string& text) const override;
+  std::string token_name(std::int64_t token) const override;
   // The opener positions of a token row, -100 elsewhere; throws if the brackets do not match.
   static std::vector<std::int64_t> matching_openers(const std::vector<std::int64_t>& tokens);
 
@@ -38,6 +39,7 @@ class RpsTask : public Task {
   Batch sample(std::size_t batch_size, Generator& gen) const override;
   std::string decode(const std::vector<std::int64_t>& tokens) const override;
   std::vector<std::int64_t> encode(const std::string& text) const override;
+  std::string token_name(std::int64_t token) const override;
 
   static constexpr std::int64_t n_payloads = 8;
 
@@ -56,6 +58,7 @@ class InductionTask : public Task {
   Batch sample(std::size_t batch_size, Generator& gen) const override;
   std::string decode(const std::vector<std::int64_t>& tokens) const override;
   std::vector<std::int64_t> encode(const std::string& text) const override;
+  std::string token_name(std::int64_t token) const override;
 
  private:
   std::size_t vocab_, min_block_, max_block_;

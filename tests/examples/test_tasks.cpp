@@ -146,3 +146,16 @@ TEST_CASE("an unknown task is named, with the known ones") {
   CHECK(invalid_argument_message([] { make_task("sorting"); }) ==
         "task: unknown task 'sorting' (known: brackets, rps, induction)");
 }
+
+TEST_CASE("token names label every token of each task") {
+  const BracketsTask brackets;
+  CHECK(brackets.token_name(0) == "BOS");
+  CHECK(brackets.token_name(4) == "]");
+  CHECK(brackets.token_name(5) == "pad");
+  const RpsTask rps;
+  CHECK(rps.token_name(0) == "Ra");
+  CHECK(rps.token_name(9) == "Pb");  // 8 · P + b
+  CHECK(rps.token_name(23) == "Sh");
+  const InductionTask induction;
+  CHECK(induction.token_name(17) == "17");
+}

@@ -7,25 +7,12 @@
 #include "examples/train.hpp"
 #include "examples/checkpoint.hpp"
 #include "nn/safetensors.hpp"
+#include "tests/examples/short_run.hpp"
 
 using namespace qkv;
 using namespace qkv::examples;
+using qkv::test::short_run;
 
-namespace {
-
-TrainOptions short_run(const std::string& task, const std::string& out, std::size_t steps = 30,
-                       std::size_t checkpoint_every = 500) {
-  TrainOptions o = default_options(task);
-  o.steps = steps;
-  o.checkpoint_every = checkpoint_every;
-  o.warmup = 5;
-  o.log_every = 10;
-  o.eval_batches = 2;
-  o.out = (std::filesystem::temp_directory_path() / ("qkv_train_" + out + "_" + std::to_string(::getpid()))).string();
-  return o;
-}
-
-}  // namespace
 
 TEST_CASE("the same seed trains bit-identical weights, and another seed does not") {
   for (const std::string& task : task_names()) {

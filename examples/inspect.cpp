@@ -1,0 +1,403 @@
+#include "examples/inspect.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <ostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <xtensor/xview.hpp>
+
+#include "core/autograd.hpp"
+#include "core/ops.hpp"
+#include "examples/heatmap.hpp"
+#include "examples/tasks/tasks.hpp"
+#include "nn/safetensors.hpp"
+
+namespace qkv::examples {
+
+namespace {
+
+// Head h's (T, T) matrix of a (1, H, T, T) tensor, in float64.
+Array<double> head_matrix(const Tensor& t, std::size_t h) {
+  const Array<double> all = t.to(DType::float64).value<double>();
+  return xt::view(all, 0, h);
+}
+
+double frobenius(const Tensor& t) {
+  const Array<double> a = t.to(DType::float64).value<double>();
+  double total = 0;
+  for (double v : a) total += v * v;
+  return std::sqrt(total);
+}
+
+nlohmann::json matrix_json(const Array<double>& a) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::size_t i = 0; i < a.shape()[0]; ++i) {
+    nlohmann::json row = nlohmann::json::array();
+    for (std::size_t j = 0; j < a.shape()[1]; ++j) {
+      const double v = a(i, j);
+      row.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));  // masked: null
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+nlohmann::json eigen_json(const std::vector<std::complex<double>>& values) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& v : values) out.push_back({v.real(), v.imag()});
+  return out;
+}
+
+std::vector<std::string> numbered(std::size_t n) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < n; ++i) out.push_back(std::to_string(i));
+  return out;
+}
+
+// Eigenvalues that are not rounding noise: |λ| above 1e-9 of the largest.
+std::vector<std::complex<double>> significant(const std::vector<std::complex<double>>& values) {
+  std::vector<std::complex<double>> out;
+  const double top = values.empty() ? 0 : std::abs(values.front());
+  for (const auto& v : values)
+    if (std::abs(v) > 1e-9 * top) out.push_back(v);
+  return out;
+}
+
+std::string complex_text(std::complex<double> v) {
+  if (std::abs(v.imag()) <= 1e-12 * std::abs(v)) return fmt::format("{:.3g}", v.real());
+  return fmt::format("{:.3g}{}{:.3g}i", v.real(), v.imag() < 0 ? "-" : "+", std::abs(v.imag()));
+}
+
+// Conjugate pairs as a±bi, once.
+std::string eigen_text(const std::vector<std::complex<double>>& values) {
+  std::string out;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto v = values[i];
+    if (!out.empty()) out += "  ";
+    if (std::abs(v.imag()) > 1e-12 * std::abs(v) && i + 1 < values.size() && values[i + 1] == std::conj(v)) {
+      out += fmt::format("{:.3g}±{:.3g}i", v.real(), std::abs(v.imag()));
+      ++i;
+    } else {
+      out += complex_text(v);
+    }
+  }
+  return out;
+}
+
+std::string values_text(const std::vector<double>& values, std::size_t n) {
+  std::string out;
+  for (std::size_t i = 0; i < std::min(n, values.size()); ++i) out += fmt::format("{}{:.3g}", i ? " " : "", values[i]);
+  return out;
+}
+
+std::string shape_text(const Shape& s) { return fmt::format("{}×{}", s.at(0), s.at(1)); }
+
+const char* const matrix_names[] = {"W_q", "W_k", "W_v", "W_o"};
+
+std::string head_name(const HeadInspection& h) { return fmt::format("layer {} head {}", h.layer, h.head); }
+
+// The four pictures of a head, as the HTML page and the SVG files show them.
+std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, const HeadInspection& h) {
+  const std::size_t d_model = h.qk.shape()[0];
+  // Masked cells drawn as such: where the score is −inf, and, for a causal model, the
+  // positions after the query's.
+  Array<double> attention = h.attention, positions = h.position_qk;
+  for (std::size_t i = 0; i < attention.shape()[0]; ++i)
+    for (std::size_t j = 0; j < attention.shape()[1]; ++j)
+      if (!std::isfinite(h.scores(i, j))) attention(i, j) = NAN;
+  if (in.config.causal)
+    for (std::size_t i = 0; i < positions.shape()[0]; ++i)
+      for (std::size_t j = i + 1; j < positions.shape()[1]; ++j) positions(i, j) = NAN;
+  return {
+      {"attention", {attention, in.input_names, in.input_names,
+                     fmt::format("L{}H{} attention on the input (row: query)", h.layer, h.head), false}},
+      {"token-qk", {h.token_qk, in.vocabulary, in.vocabulary,
+                    fmt::format("L{}H{} token QK (row: query token)", h.layer, h.head), true}},
+      {"position-qk", {positions, numbered(positions.shape()[0]), numbered(positions.shape()[1]),
+                       fmt::format("L{}H{} position QK (row: query position)", h.layer, h.head), true}},
+      {"qk-circuit", {h.qk, numbered(d_model), numbered(d_model),
+                      fmt::format("L{}H{} QK circuit A = W_q W_kᵀ", h.layer, h.head), true}},
+  };
+}
+
+std::string opener_text(const std::optional<double>& v) { return v ? fmt::format("{:.3f}", *v) : "-"; }
+
+}  // namespace
+
+std::vector<std::int64_t> typical_input(const Task& task) {
+  Generator gen(2024);
+  const std::size_t want = (3 * task.info().max_len + 3) / 4;
+  std::vector<std::int64_t> tokens;
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const Batch b = task.sample(1, gen);
+    const std::vector<std::int64_t> row(b.tokens.begin(), b.tokens.end());
+    tokens = task.encode(task.decode(row));  // drops padding
+    if (tokens.size() >= want) break;
+  }
+  return tokens;
+}
+
+Inspection inspect(const Model& model, const Task& task, const std::vector<std::int64_t>& input, const std::string& dir) {
+  const ModelConfig& c = model.config();
+  if (input.empty()) fail("inspect", "the input holds no tokens");
+  if (input.size() > c.max_len)
+    fail("inspect", "the input holds {} tokens, but the model has {} positions", input.size(), c.max_len);
+  for (std::int64_t t : input)
+    if (t < 0 || std::size_t(t) >= c.vocab_size) fail("inspect", "token {} is outside the vocabulary of {}", t, c.vocab_size);
+
+  NoGradGuard no_grad;
+  Inspection r;
+  r.task = task.info().name;
+  r.dir = dir;
+  r.config = c;
+  for (std::size_t t = 0; t < c.vocab_size; ++t) r.vocabulary.push_back(task.token_name(std::int64_t(t)));
+  r.input = input;
+  for (std::int64_t t : input) r.input_names.push_back(task.token_name(t));
+
+  IndexArray tokens = IndexArray::from_shape({1, input.size()});
+  std::copy(input.begin(), input.end(), tokens.begin());
+  const Forward f = model.forward(tokens, true);
+  std::vector<std::int64_t> openers;
+  if (r.task == "brackets") {
+    try {
+      openers = BracketsTask::matching_openers(input);
+    } catch (const std::invalid_argument&) {
+      // An input whose closers do not match has no openers to measure.
+    }
+  }
+  const auto D = std::int64_t(c.d_model);
+  const Tensor tok = reshape(model.tok.weight, {1, -1, D}), pos = reshape(model.pos.weight, {1, -1, D});
+
+  for (std::size_t l = 0; l < model.blocks.size(); ++l) {
+    const Block& b = *model.blocks[l];
+    const nn::AttentionResult unmasked = b.attn.forward(f.inputs[l], {}, true);
+    const nn::AttentionResult tokens_only = b.attn.forward(b.ln1(tok), {}, true);
+    const nn::AttentionResult positions_only = b.attn.forward(b.ln1(pos), {}, true);
+    std::vector<HeadInspection> heads;
+    for (std::size_t h = 0; h < c.heads; ++h) {
+      HeadInspection hi;
+      hi.layer = l;
+      hi.head = h;
+      for (const Tensor& w : {b.attn.W_q(h), b.attn.W_k(h), b.attn.W_v(h), b.attn.W_o(h)}) {
+        hi.shapes.push_back(w.shape());
+        hi.norms.push_back(frobenius(w));
+      }
+      hi.qk = nn::qk_circuit(b.attn, h);
+      hi.sigma = nn::symmetric_share(hi.qk);
+      hi.antisymmetry = nn::antisymmetry(hi.qk);
+      hi.qk_spectrum = nn::spectrum(hi.qk);
+      hi.ov = nn::ov_circuit(b.attn, h);
+      hi.ov_spectrum = nn::spectrum(hi.ov);
+      hi.token_qk = head_matrix(tokens_only.scores, h);
+      hi.position_qk = head_matrix(positions_only.scores, h);
+      hi.attention = head_matrix(f.attention[l].weights, h);
+      hi.scores = head_matrix(f.attention[l].scores, h);
+      hi.score_asymmetry = nn::antisymmetry(head_matrix(unmasked.scores, h));
+      if (!openers.empty()) {
+        double total = 0;
+        std::size_t n = 0;
+        for (std::size_t t = 0; t < openers.size(); ++t)
+          if (openers[t] >= 0) {
+            total += hi.attention(t, std::size_t(openers[t]));
+            ++n;
+          }
+        if (n) hi.opener_attention = total / double(n);
+      }
+      heads.push_back(std::move(hi));
+    }
+    r.layers.push_back(std::move(heads));
+  }
+  return r;
+}
+
+nlohmann::json to_json(const Inspection& in) {
+  const ModelConfig& c = in.config;
+  nlohmann::json layers = nlohmann::json::array(), attention = nlohmann::json::array(),
+                 scores = nlohmann::json::array(), asymmetry = nlohmann::json::array(),
+                 openers = nlohmann::json::array();
+  for (const auto& heads : in.layers) {
+    nlohmann::json hs = nlohmann::json::array(), att = nlohmann::json::array(), sc = nlohmann::json::array(),
+                   as = nlohmann::json::array(), op = nlohmann::json::array();
+    for (const HeadInspection& h : heads) {
+      nlohmann::json matrices = nlohmann::json::object();
+      for (std::size_t m = 0; m < 4; ++m) matrices[matrix_names[m]] = {{"shape", h.shapes[m]}, {"norm", h.norms[m]}};
+      hs.push_back({{"layer", h.layer},
+                    {"head", h.head},
+                    {"matrices", matrices},
+                    {"sigma", h.sigma},
+                    {"antisymmetry", h.antisymmetry},
+                    {"singular_values", h.qk_spectrum.singular_values},
+                    {"stable_rank", h.qk_spectrum.stable_rank},
+                    {"rank", h.qk_spectrum.rank},
+                    {"eigenvalues", eigen_json(h.qk_spectrum.eigenvalues)},
+                    {"qk_circuit", matrix_json(h.qk)},
+                    {"ov", {{"singular_values", h.ov_spectrum.singular_values},
+                            {"stable_rank", h.ov_spectrum.stable_rank},
+                            {"rank", h.ov_spectrum.rank},
+                            {"eigenvalues", eigen_json(h.ov_spectrum.eigenvalues)}}},
+                    {"token_qk", {{"tokens", in.vocabulary}, {"scores", matrix_json(h.token_qk)}}},
+                    {"position_qk", {{"positions", h.position_qk.shape()[0]}, {"scores", matrix_json(h.position_qk)}}}});
+      att.push_back(matrix_json(h.attention));
+      sc.push_back(matrix_json(h.scores));
+      as.push_back(h.score_asymmetry);
+      op.push_back(h.opener_attention ? nlohmann::json(*h.opener_attention) : nlohmann::json(nullptr));
+    }
+    layers.push_back({{"heads", hs}});
+    attention.push_back(att);
+    scores.push_back(sc);
+    asymmetry.push_back(as);
+    openers.push_back(op);
+  }
+  nlohmann::json input = {{"tokens", in.input_names},
+                          {"ids", in.input},
+                          {"attention", attention},
+                          {"scores", scores},
+                          {"score_asymmetry", asymmetry}};
+  if (in.task == "brackets") input["opener_attention"] = openers;
+  return {{"task", in.task},
+          {"dir", in.dir},
+          {"config", {{"layers", c.layers}, {"heads", in.layers.empty() ? 0 : in.layers[0].size()},
+                      {"d_model", c.d_model}, {"d_head", in.layers.empty() ? 0 : in.layers[0][0].shapes[0][1]},
+                      {"causal", c.causal}, {"qk", c.qk == nn::QK::tied ? "tied" : "untied"},
+                      {"proj", c.proj == nn::Projection::learned ? "learned"
+                               : c.proj == nn::Projection::frozen ? "frozen" : "identity"}}},
+          {"layers", layers},
+          {"input", input}};
+}
+
+void print_report(std::ostream& out, const Inspection& in, bool color) {
+  const ModelConfig& c = in.config;
+  const std::size_t d_head = in.layers[0][0].shapes[0][1];
+  const auto bold = [&](const std::string& s) { return color ? "\x1b[1m" + s + "\x1b[0m" : s; };
+  out << bold(fmt::format("qkv inspect {}: {}, {} layer{} × {} head{}, d_model {}, d_head {}, {}{}{}", in.dir, in.task,
+                          c.layers, c.layers == 1 ? "" : "s", c.heads, c.heads == 1 ? "" : "s", c.d_model, d_head,
+                          c.causal ? "causal" : "bidirectional", c.qk == nn::QK::tied ? ", W_k = W_q" : "",
+                          c.proj == nn::Projection::identity ? ", identity projections"
+                          : c.proj == nn::Projection::frozen ? ", frozen projections" : ""))
+      << "\n";
+  std::string text;
+  for (std::size_t i = 0; i < in.input_names.size(); ++i) text += (i ? " " : "") + in.input_names[i];
+  out << "input: " << text << "\n\n";
+
+  out << "layer head   σ      ‖A−Aᵀ‖/‖A‖  stable rank  rank  score asymmetry"
+      << (in.task == "brackets" ? "  weight on opener" : "") << "\n";
+  for (const auto& heads : in.layers)
+    for (const HeadInspection& h : heads)
+      out << fmt::format("{:>5} {:>4}   {:.3f}  {:>10.3f}  {:>11.2f}  {:>4}  {:>15.3f}{}\n", h.layer, h.head, h.sigma,
+                         h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank, h.score_asymmetry,
+                         in.task == "brackets" ? fmt::format("  {:>17}", opener_text(h.opener_attention)) : "");
+  out << "σ = ‖(A+Aᵀ)/2‖² / ‖A‖² is 1 for a symmetric A (tied or identity), about 0.5 + 1/(2·d_model) = "
+      << fmt::format("{:.3f}", 0.5 + 0.5 / double(c.d_model))
+      << " for a random untied one.\nScore asymmetry is ‖S−Sᵀ‖/‖S‖ of the input's pre-softmax scores over all "
+         "pairs of its tokens.\n";
+
+  for (const auto& heads : in.layers)
+    for (const HeadInspection& h : heads) {
+      out << "\n" << bold(head_name(h)) << "\n";
+      std::string mats;
+      for (std::size_t m = 0; m < 4; ++m)
+        mats += fmt::format("{}{} {} ‖·‖ {:.3g}", m ? "   " : "  ", matrix_names[m], shape_text(h.shapes[m]), h.norms[m]);
+      out << mats << "\n";
+      const std::size_t n = h.qk.shape()[0];
+      out << fmt::format("  QK circuit A = W_q W_kᵀ ({}×{}): σ {:.3f}, antisymmetry {:.3f}, stable rank {:.2f}, rank {} "
+                         "(≤ d_head {})\n",
+                         n, n, h.sigma, h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank, d_head);
+      out << "    singular values  " << values_text(h.qk_spectrum.singular_values, h.qk_spectrum.rank) << "\n";
+      out << "    eigenvalues      " << eigen_text(significant(h.qk_spectrum.eigenvalues)) << "\n";
+      out << fmt::format("  OV circuit W_v W_o: stable rank {:.2f}, rank {}, singular values {}\n",
+                         h.ov_spectrum.stable_rank, h.ov_spectrum.rank,
+                         values_text(h.ov_spectrum.singular_values, h.ov_spectrum.rank));
+      out << fmt::format("  on the input: score asymmetry {:.3f}", h.score_asymmetry);
+      if (h.opener_attention) out << fmt::format(", closers put {:.3f} of their weight on their opener", *h.opener_attention);
+      out << "\n\n";
+      for (const auto& [name, map] : pictures(in, h)) {
+        if (name == "qk-circuit") continue;  // the spectrum above says more than d_model² shades
+        out << heatmap_text(map, color) << "\n";
+      }
+    }
+}
+
+std::string to_html(const Inspection& in) {
+  const ModelConfig& c = in.config;
+  std::string text;
+  for (std::size_t i = 0; i < in.input_names.size(); ++i) text += (i ? " " : "") + in.input_names[i];
+  std::string s = R"(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>qkv inspect)" + (in.dir.empty() ? "" : " " + in.dir) +
+                  R"(</title>
+<style>
+body { font-family: "DejaVu Sans", sans-serif; margin: 1.5em; color: #222; max-width: 1400px; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-top: 1px solid #ccc; padding-top: .6em; }
+table { border-collapse: collapse; font-size: .9em; } td, th { padding: 2px 8px; text-align: right; }
+th { border-bottom: 1px solid #999; } .pics { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
+.legend { font-size: .9em; max-width: 60em; } code { background: #f3f3f3; padding: 0 3px; }
+</style></head><body>
+)";
+  s += fmt::format("<h1>qkv inspect: {} ({} layer{} × {} head{}, d_model {}, {})</h1>\n", in.task, c.layers,
+                   c.layers == 1 ? "" : "s", c.heads, c.heads == 1 ? "" : "s", c.d_model,
+                   c.causal ? "causal" : "bidirectional");
+  s += fmt::format("<p>Input: <code>{}</code></p>\n", text);
+  s += R"(<div class="legend"><p><b>How to read it.</b>
+<b>Attention</b>: row i is query position i, column j key position j; darker means more weight; grey cells are masked.
+<b>Token QK</b>: the score a query token (row) gives a key token (column) through this head, with only the token's
+embedding in the stream (after the layer's LayerNorm; positions left out). Red: the query looks for that key; blue: it
+avoids it. An asymmetric table (row a, column b differs from row b, column a) is a relation with a direction, which a
+tied W_q = W_k cannot express. <b>Position QK</b>: the same with only a position's embedding.
+<b>QK circuit</b>: A = W_q W_kᵀ in the residual basis, the matrix whose bilinear form is the score.</p>
+<p><b>σ</b> = ‖(A+Aᵀ)/2‖²/‖A‖² is the symmetric share of A: exactly 1 for tied or identity projections, and already
+about 0.5 + 1/(2·d_model) for a random untied head, so σ alone does not show what was learned; the tables and the
+attention pattern do. <b>Score asymmetry</b> is ‖S−Sᵀ‖/‖S‖ of the input's pre-softmax scores over all pairs of its
+tokens. Hover over a cell for its value. In a causal model the position table greys out the keys after the query,
+which the mask hides.</p></div>
+)";
+  s += "<table><tr><th>layer</th><th>head</th><th>σ</th><th>‖A−Aᵀ‖/‖A‖</th><th>stable rank</th><th>rank</th>"
+       "<th>score asymmetry</th>";
+  if (in.task == "brackets") s += "<th>weight on opener</th>";
+  s += "</tr>\n";
+  for (const auto& heads : in.layers)
+    for (const HeadInspection& h : heads) {
+      s += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.2f}</td><td>{}</td><td>{:.3f}</td>",
+                       h.layer, h.head, h.sigma, h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank,
+                       h.score_asymmetry);
+      if (in.task == "brackets") s += fmt::format("<td>{}</td>", opener_text(h.opener_attention));
+      s += "</tr>\n";
+    }
+  s += "</table>\n";
+  for (const auto& heads : in.layers)
+    for (const HeadInspection& h : heads) {
+      s += fmt::format("<h2>{}</h2>\n<p>", head_name(h));
+      for (std::size_t m = 0; m < 4; ++m)
+        s += fmt::format("{}{} {} (‖·‖ {:.3g})", m ? ", " : "", matrix_names[m], shape_text(h.shapes[m]), h.norms[m]);
+      s += fmt::format(".<br>QK circuit: σ {:.3f}, antisymmetry {:.3f}, stable rank {:.2f}, rank {}; singular values {}; "
+                       "eigenvalues {}.<br>OV circuit: stable rank {:.2f}, rank {}, singular values {}.<br>"
+                       "On the input: score asymmetry {:.3f}",
+                       h.sigma, h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank,
+                       values_text(h.qk_spectrum.singular_values, h.qk_spectrum.rank),
+                       eigen_text(significant(h.qk_spectrum.eigenvalues)), h.ov_spectrum.stable_rank,
+                       h.ov_spectrum.rank, values_text(h.ov_spectrum.singular_values, h.ov_spectrum.rank),
+                       h.score_asymmetry);
+      if (h.opener_attention) s += fmt::format("; closers put {:.3f} of their weight on their opener", *h.opener_attention);
+      s += ".</p>\n<div class=\"pics\">\n";
+      for (const auto& [name, map] : pictures(in, h)) s += heatmap_svg(map);
+      s += "</div>\n";
+    }
+  s += "</body></html>\n";
+  return s;
+}
+
+std::vector<std::string> write_svgs(const Inspection& in, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> files;
+  for (const auto& heads : in.layers)
+    for (const HeadInspection& h : heads)
+      for (const auto& [name, map] : pictures(in, h)) {
+        files.push_back((std::filesystem::path(dir) / fmt::format("L{}H{}-{}.svg", h.layer, h.head, name)).string());
+        nn::write_atomically(files.back(), heatmap_svg(map));
+      }
+  return files;
+}
+
+}  // namespace qkv::examples

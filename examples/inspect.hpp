@@ -1,0 +1,75 @@
+#pragma once
+// `qkv inspect DIR`: what each head of a trained model learned. Per head: the projections, the
+// QK circuit A = W_q W_kᵀ (its symmetric share σ, antisymmetry, spectrum), the OV circuit, and
+// tables of the scores between tokens and between positions; on one input, the attention
+// pattern and the asymmetry of its scores. Printed as tables and heatmaps, as JSON, or as a
+// self-contained HTML page of SVG heatmaps.
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "examples/model.hpp"
+#include "nn/circuits.hpp"
+
+namespace qkv::examples {
+
+struct HeadInspection {
+  std::size_t layer = 0, head = 0;
+  // W_q(h), W_k(h), W_v(h), W_o(h): shapes and Frobenius norms.
+  std::vector<Shape> shapes;
+  std::vector<double> norms;
+  Array<double> qk;  // A = W_q(h) W_k(h)ᵀ
+  double sigma = 0, antisymmetry = 0;
+  nn::MatrixSpectrum qk_spectrum;
+  Array<double> ov;  // W_v(h) W_o(h)
+  nn::MatrixSpectrum ov_spectrum;
+  // The scores this head gives when the stream holds only one token's embedding (rows: query
+  // token, columns: key token), and only one position's embedding, each after the layer's
+  // LayerNorm, biases included, scaled: the direct path from the embeddings.
+  Array<double> token_qk, position_qk;
+  // On the input: weights and pre-softmax scores (−inf where masked), (T, T).
+  Array<double> attention, scores;
+  // ‖S − Sᵀ‖ / ‖S‖ of the input's scores over all pairs of its tokens, the causal mask lifted
+  // (a causal mask hides one score of every pair).
+  double score_asymmetry = 0;
+  // brackets: the mean weight a closer puts on its own opener.
+  std::optional<double> opener_attention;
+};
+
+struct Inspection {
+  std::string task, dir;
+  ModelConfig config;
+  std::vector<std::string> vocabulary;  // token names, by id
+  std::vector<std::int64_t> input;      // token ids
+  std::vector<std::string> input_names;
+  std::vector<std::vector<HeadInspection>> layers;
+};
+
+// A typical sequence of the task: the first of a fixed stream at least 3/4 of the longest length.
+std::vector<std::int64_t> typical_input(const Task& task);
+
+// Everything `qkv inspect` shows, for `input` (token ids; at most the model's max_len).
+Inspection inspect(const Model& model, const Task& task, const std::vector<std::int64_t>& input,
+                   const std::string& dir = "");
+
+// The numbers as JSON: {task, config, layers: [{heads: [{sigma, antisymmetry, singular_values,
+// stable_rank, rank, eigenvalues ([re, im] pairs), token_qk: {tokens, scores}, ...}]}],
+// input: {tokens, attention, scores, score_asymmetry, opener_attention (brackets)}}.
+nlohmann::json to_json(const Inspection& inspection);
+
+// Tables and heatmaps of shaded blocks, in colour when `color`.
+void print_report(std::ostream& out, const Inspection& inspection, bool color);
+
+// One self-contained HTML page: per head, SVG heatmaps with axis labels and colour scales, the
+// numbers, and a legend.
+std::string to_html(const Inspection& inspection);
+
+// Each picture of the page as its own SVG file in `dir`: L{l}H{h}-{attention,token-qk,
+// position-qk,qk-circuit}.svg. Returns the files written.
+std::vector<std::string> write_svgs(const Inspection& inspection, const std::string& dir);
+
+}  // namespace qkv::examples

@@ -1,0 +1,40 @@
+#pragma once
+// Circuits: read-only analysis of a trained MultiHeadAttention head, in float64 and in the seeds'
+// notation. For head h the QK circuit A = W_q(h) W_k(h)ᵀ (d_model × d_model, rank ≤ d_head)
+// defines what "matching" means: score(i, j) = x_i A x_jᵀ · scale, plus bias terms. The OV
+// circuit W_v(h) W_o(h) decides what a chosen token moves, and where it lands.
+//
+// Inspect A, never W_q or W_k alone: W_q M and W_k M⁻ᵀ give the same model for any invertible M.
+#include <complex>
+#include <vector>
+
+#include "nn/attention.hpp"
+
+namespace qkv::nn {
+
+// A = W_q(h) W_k(h)ᵀ, d_model × d_model.
+Array<double> qk_circuit(const MultiHeadAttention& attention, std::size_t h);
+// W_v(h) W_o(h), d_model × d_model.
+Array<double> ov_circuit(const MultiHeadAttention& attention, std::size_t h);
+
+// The symmetric-energy share σ = ‖(A+Aᵀ)/2‖²_F / ‖A‖²_F of a square matrix: 1 when A is
+// symmetric (tied or identity projections), 0 when it is antisymmetric, and about
+// 0.5 + 1/(2n) for a random n × n product of untied Gaussian projections.
+double symmetric_share(const Array<double>& a);
+// ‖A − Aᵀ‖_F / ‖A‖_F, in [0, 2]; equal to 2·√(1 − σ). Applied to the pre-softmax scores S of
+// a real input it is the score asymmetry: 0 when every i scores j as j scores i.
+double antisymmetry(const Array<double>& a);
+
+struct MatrixSpectrum {
+  std::vector<double> singular_values;             // descending
+  double stable_rank = 0;                          // ‖A‖²_F / ‖A‖²_2 = Σ s² / s_max²; 0 for A = 0
+  std::size_t rank = 0;                            // singular values above max(m, n) · ε · s_max (numpy's rule)
+  std::vector<std::complex<double>> eigenvalues;   // square A only: by modulus, descending; conjugate pairs adjacent
+};
+
+// Singular values (LAPACK gesdd), stable and numerical rank, and for a square matrix its
+// eigenvalues (LAPACK geev). Throws std::invalid_argument for a matrix that is not 2-D or holds
+// a non-finite value.
+MatrixSpectrum spectrum(const Array<double>& a);
+
+}  // namespace qkv::nn

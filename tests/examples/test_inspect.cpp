@@ -1,0 +1,227 @@
+#include "tests/helpers.hpp"
+
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <xtensor-blas/xlinalg.hpp>
+
+#include "examples/heatmap.hpp"
+#include "examples/inspect.hpp"
+#include "examples/tasks/tasks.hpp"
+#include "nn/safetensors.hpp"
+#include "optim/adam.hpp"
+#include "tests/examples/short_run.hpp"
+
+using namespace qkv;
+using namespace qkv::examples;
+using namespace qkv::test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// LayerNorm of each row, by hand, with gain g and bias b.
+Array<double> layer_norm_rows(const Array<double>& x, const Array<double>& g, const Array<double>& b, double eps) {
+  Array<double> out = x;
+  for (std::size_t i = 0; i < x.shape()[0]; ++i) {
+    double mean = 0, var = 0;
+    for (std::size_t j = 0; j < x.shape()[1]; ++j) mean += x(i, j);
+    mean /= double(x.shape()[1]);
+    for (std::size_t j = 0; j < x.shape()[1]; ++j) var += (x(i, j) - mean) * (x(i, j) - mean);
+    var /= double(x.shape()[1]);
+    for (std::size_t j = 0; j < x.shape()[1]; ++j) out(i, j) = (x(i, j) - mean) / std::sqrt(var + eps) * g(j) + b(j);
+  }
+  return out;
+}
+
+Array<double> f64_of(const Tensor& t) { return t.to(DType::float64).value<double>(); }
+
+}  // namespace
+
+TEST_CASE("inspect: circuits of a model loaded from its checkpoint equal the in-memory model's") {
+  // An in-memory model a few Adam steps from its init, written as a run folder and loaded back.
+  TrainOptions o = short_run("brackets", "inspect");
+  Generator gen(o.seed);
+  Model model(o.model, gen);
+  const Array<double> init = nn::qk_circuit(model.blocks[1]->attn, 0);
+  optim::Adam opt(model.parameters(), {.lr = 1e-2});
+  const BracketsTask task;
+  for (int step = 0; step < 3; ++step) {
+    const Batch b = task.sample(8, gen);
+    opt.zero_grad();
+    model.loss(model.forward(b.tokens), b.targets).backward();
+    opt.step();
+  }
+  const bool changed = !(nn::qk_circuit(model.blocks[1]->attn, 0) == init);
+  CHECK(changed);
+  std::filesystem::create_directories(o.out);
+  nn::write_atomically(o.out + "/config.json", config_text(o));
+  nn::save_safetensors(o.out + "/model.safetensors", model.state_dict());
+  const auto loaded = load_model(o.out);
+  for (std::size_t l = 0; l < o.model.layers; ++l)
+    for (std::size_t h = 0; h < o.model.heads; ++h) {
+      const bool same_qk = nn::qk_circuit(model.blocks[l]->attn, h) == nn::qk_circuit(loaded->blocks[l]->attn, h);
+      const bool same_ov = nn::ov_circuit(model.blocks[l]->attn, h) == nn::ov_circuit(loaded->blocks[l]->attn, h);
+      CHECK(same_qk);
+      CHECK(same_ov);
+    }
+  const auto input = typical_input(task);
+  CHECK(input.size() >= 19);  // 3/4 of 25 positions
+  CHECK(to_json(inspect(model, task, input)) == to_json(inspect(*loaded, task, input)));
+  std::filesystem::remove_all(o.out);
+}
+
+TEST_CASE("inspect: token QK table, attention, score asymmetry and opener weight, independently") {
+  Generator gen(3);
+  const BracketsTask task;
+  const TrainOptions o = default_options("brackets");
+  const Model model(o.model, gen);
+  const std::vector<std::int64_t> input = task.encode("(()[])");  // BOS ( ( ) [ ] )
+  const Inspection in = inspect(model, task, input, "mem");
+  REQUIRE(in.layers.size() == 2);
+  REQUIRE(in.layers[0].size() == 2);
+  CHECK(in.input_names == std::vector<std::string>{"BOS", "(", "(", ")", "[", "]", ")"});
+  CHECK(in.vocabulary == std::vector<std::string>{"BOS", "(", ")", "[", "]", "pad"});
+
+  // Token table of layer 0, head 1: (LN(E) W_qᵀ + b_q)(LN(E) W_kᵀ + b_k)ᵀ / √d_head, by hand.
+  const Block& block = *model.blocks[0];
+  const std::size_t d_head = 8, h = 1;
+  const Array<double> x = layer_norm_rows(f64_of(model.tok.weight), f64_of(block.ln1.weight), f64_of(block.ln1.bias),
+                                          block.ln1.eps);
+  const Array<double> wq = f64_of(block.attn.q_proj->weight), bq = f64_of(block.attn.q_proj->bias);
+  const Array<double> wk = f64_of(block.attn.k_proj->weight), bk = f64_of(block.attn.k_proj->bias);
+  const Array<double> q = xt::view(xt::linalg::dot(x, xt::transpose(wq)) + bq, xt::all(), xt::range(h * d_head, (h + 1) * d_head));
+  const Array<double> k = xt::view(xt::linalg::dot(x, xt::transpose(wk)) + bk, xt::all(), xt::range(h * d_head, (h + 1) * d_head));
+  const Array<double> expected = xt::linalg::dot(q, xt::transpose(k)) / std::sqrt(double(d_head));
+  check_close(in.layers[0][1].token_qk, expected, 1e-5);  // float32 model
+
+  for (const auto& heads : in.layers)
+    for (const HeadInspection& hi : heads) {
+      INFO("layer " << hi.layer << " head " << hi.head);
+      // Causal weights: rows sum to 1, nothing after the query.
+      for (std::size_t i = 0; i < input.size(); ++i) {
+        const double row_sum = xt::sum(xt::view(hi.attention, i))();
+        CHECK(row_sum == Approx(1).epsilon(1e-6));
+        for (std::size_t j = i + 1; j < input.size(); ++j) {
+          CHECK(hi.attention(i, j) == 0);
+          CHECK(std::isinf(hi.scores(i, j)));
+        }
+      }
+      // Openers of the closers at 3, 5 and 6: positions 2, 4 and 1.
+      REQUIRE(hi.opener_attention);
+      CHECK(*hi.opener_attention == Approx((hi.attention(3, 2) + hi.attention(5, 4) + hi.attention(6, 1)) / 3));
+      CHECK(hi.score_asymmetry > 0);
+      CHECK(hi.score_asymmetry <= 2);
+      CHECK(hi.qk_spectrum.rank <= d_head);
+      CHECK(hi.sigma == Approx(nn::symmetric_share(hi.qk)));
+      REQUIRE(hi.shapes.size() == 4);
+      CHECK(hi.shapes[0] == Shape{16, 8});
+      CHECK(hi.shapes[3] == Shape{8, 16});
+      const double wq_norm = std::sqrt(xt::sum(xt::square(f64_of(model.blocks[hi.layer]->attn.W_q(hi.head))))());
+      CHECK(hi.norms[0] == Approx(wq_norm));
+    }
+}
+
+TEST_CASE("inspect: a bidirectional model's score asymmetry is that of its own scores, and a tied model's is 0") {
+  const RpsTask task;
+  const std::vector<std::int64_t> input = typical_input(task);
+  CHECK(input.size() >= 9);  // 3/4 of 12
+  for (const nn::QK qk : {nn::QK::untied, nn::QK::tied}) {
+    TrainOptions o = default_options("rps");
+    o.model.qk = qk;
+    Generator gen(5);
+    const Model model(o.model, gen);
+    const Inspection in = inspect(model, task, input);
+    const HeadInspection& h = in.layers[0][0];
+    CHECK(h.score_asymmetry == Approx(nn::antisymmetry(h.scores)).epsilon(1e-12));
+    CHECK_FALSE(h.opener_attention);
+    if (qk == nn::QK::tied) {
+      CHECK(h.score_asymmetry < 1e-6);  // q = k for every token: S = Sᵀ up to float32 rounding
+      CHECK(std::abs(h.sigma - 1) < 1e-12);
+      CHECK(nn::antisymmetry(h.token_qk) < 1e-6);
+    } else {
+      CHECK(h.score_asymmetry > 0.1);
+    }
+  }
+}
+
+TEST_CASE("inspect --json parses and has the keys of the issue") {
+  Generator gen(4);
+  const InductionTask task;
+  TrainOptions o = default_options("induction");
+  const Model model(o.model, gen);
+  const auto input = task.encode("3 1 4 1");
+  const Inspection in = inspect(model, task, input, "runs/x");
+  const nlohmann::json j = nlohmann::json::parse(to_json(in).dump());
+  CHECK(j.at("task") == "induction");
+  REQUIRE(j.at("layers").size() == 2);
+  const auto& head = j.at("layers")[1].at("heads")[0];
+  for (const char* key : {"sigma", "antisymmetry", "singular_values", "stable_rank", "rank", "eigenvalues", "token_qk"})
+    CHECK(head.contains(key));
+  CHECK(head.at("singular_values").size() == 32);
+  CHECK(head.at("eigenvalues").size() == 32);
+  CHECK(head.at("eigenvalues")[0].size() == 2);  // [re, im]
+  CHECK(head.at("token_qk").at("tokens").size() == 48);
+  CHECK(head.at("token_qk").at("scores").size() == 48);
+  CHECK(head.at("token_qk").at("scores")[0].size() == 48);
+  CHECK(head.at("rank").get<std::size_t>() <= 16);
+  const auto& input_json = j.at("input");
+  CHECK(input_json.at("tokens") == nlohmann::json({"3", "1", "4", "1"}));
+  REQUIRE(input_json.at("attention").size() == 2);
+  REQUIRE(input_json.at("attention")[0].size() == 2);
+  CHECK(input_json.at("attention")[0][0].size() == 4);
+  CHECK(input_json.at("scores")[0][0][0][1].is_null());  // masked: after the query
+  CHECK(input_json.at("score_asymmetry")[1].size() == 2);
+  CHECK_FALSE(input_json.contains("opener_attention"));
+  CHECK(head.at("sigma").get<double>() == Approx(in.layers[1][0].sigma));
+}
+
+TEST_CASE("inspect: the report, the page and the SVG files") {
+  Generator gen(6);
+  const BracketsTask task;
+  const Model model(default_options("brackets").model, gen);
+  const Inspection in = inspect(model, task, task.encode("([])"), "runs/b");
+  std::ostringstream plain, coloured;
+  print_report(plain, in, false);
+  print_report(coloured, in, true);
+  CHECK_THAT(plain.str(), Contains("layer 1 head 0"));
+  CHECK_THAT(plain.str(), Contains("input: BOS ( [ ] )"));
+  CHECK_THAT(plain.str(), Contains("weight on opener"));
+  CHECK(plain.str().find('\x1b') == std::string::npos);
+  CHECK_THAT(coloured.str(), Contains("\x1b[38;5;"));
+  const std::string html = to_html(in);
+  CHECK_THAT(html, Contains("<svg"));
+  CHECK(html.find("http://") == html.find("http://www.w3.org/2000/svg"));  // no fetch: the one URL is the namespace
+  CHECK(html.find("<script") == std::string::npos);
+  const auto dir = std::filesystem::temp_directory_path() / ("qkv_svgs_" + std::to_string(::getpid()));
+  const auto files = write_svgs(in, dir.string());
+  CHECK(files.size() == 2 * 2 * 4);
+  for (const auto& f : files) CHECK(std::filesystem::file_size(f) > 500);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("heatmaps: shades by magnitude, signs, masked cells, and SVG cells with escaped labels") {
+  Heatmap map{Array<double>({{1.0, -0.6}, {0.2, NAN}}), {"a", "<b>"}, {"x", "y"}, "t", true};
+  const std::string text = heatmap_text(map, false);
+  // 1 → █ (full), −0.6 → # (≥ 0.55, negative), 0.2 → ░, masked → ··
+  CHECK_THAT(text, Contains("\n  a ██##\n"));
+  CHECK_THAT(text, Contains("<b> ░░··"));
+  const std::string svg = heatmap_svg(map);
+  std::size_t cells = 0;
+  for (std::size_t at = svg.find("<title>"); at != std::string::npos; at = svg.find("<title>", at + 1)) ++cells;
+  CHECK(cells == 4);
+  CHECK_THAT(svg, Contains("&lt;b&gt;"));
+  CHECK_THAT(svg, Contains("fill=\"#b2182b\""));  // the largest value: full red
+  CHECK_THAT(svg, Contains("fill=\"#d9d9d9\""));  // masked: grey
+  CHECK(svg.find("<b>") == std::string::npos);
+}
+
+TEST_CASE("inspect rejects an input longer than the model's positions, or outside its vocabulary") {
+  Generator gen(7);
+  const BracketsTask task;
+  const Model model(default_options("brackets").model, gen);
+  CHECK_THAT(invalid_argument_message([&] { inspect(model, task, std::vector<std::int64_t>(26, 1)); }),
+             Contains("inspect: the input holds 26 tokens, but the model has 25 positions"));
+  CHECK_THAT(invalid_argument_message([&] { inspect(model, task, {0, 9}); }),
+             Contains("inspect: token 9 is outside the vocabulary of 6"));
+  CHECK_THAT(invalid_argument_message([&] { inspect(model, task, {}); }), Contains("the input holds no tokens"));
+}
