@@ -130,7 +130,7 @@ std::string heatmap_svg(const Heatmap& map) {
   const double width = std::max(left + cell * double(C) + 80, title_width), height = std::max(top + cell * double(R) + 12, top + 150);
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
-      "font-family=\"DejaVu Sans Mono, monospace\" font-size=\"{:.1f}\">\n",
+      "font-family=\"DejaVu Sans Mono, monospace\" font-size=\"{:.1f}\" shape-rendering=\"crispEdges\">\n",
       width, height, width, height, font);
   s += fmt::format("<text x=\"4\" y=\"15\" font-size=\"12\" font-weight=\"bold\">{}</text>\n", escape_xml(map.title));
   for (std::size_t j = 0; j < C; ++j)  // column labels, rotated
@@ -139,9 +139,13 @@ std::string heatmap_svg(const Heatmap& map) {
   for (std::size_t i = 0; i < R; ++i)
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 4,
                      top + cell * (double(i) + 0.5) + font * 0.35, escape_xml(map.rows[i]));
+  // Masked cells show the grey background; each other cell is a rectangle with its value as tooltip.
+  s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"/>\n", left, top,
+                   cell * double(C), cell * double(R), fill(map, NAN, scale));
   for (std::size_t i = 0; i < R; ++i)
     for (std::size_t j = 0; j < C; ++j) {
       const double v = map.values(i, j);
+      if (!std::isfinite(v)) continue;
       s += fmt::format(
           "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"><title>{} → {}: {}</title></rect>\n",
           left + cell * double(j), top + cell * double(i), cell, cell, fill(map, v, scale), escape_xml(map.rows[i]),

@@ -189,6 +189,10 @@ Inspection inspect(const Model& model, const Task& task, const std::vector<std::
       hi.sigma = nn::symmetric_share(hi.qk);
       hi.antisymmetry = nn::antisymmetry(hi.qk);
       hi.qk_spectrum = nn::spectrum(hi.qk);
+      const std::size_t d_head = hi.shapes[0][1];
+      if (hi.qk_spectrum.rank > d_head)  // A = W_q W_kᵀ cannot exceed rank d_head: a bug if it does
+        throw std::logic_error(fmt::format("inspect: layer {} head {}: the QK circuit has rank {} > d_head {}", l, h,
+                                           hi.qk_spectrum.rank, d_head));
       hi.ov = nn::ov_circuit(b.attn, h);
       hi.ov_spectrum = nn::spectrum(hi.ov);
       hi.token_qk = head_matrix(tokens_only.scores, h);
