@@ -152,6 +152,11 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--qk", qk, "tied or untied")->check(CLI::IsMember({"tied", "untied"}));
   train_cmd->add_option("--proj", proj, "learned, frozen or identity")->check(CLI::IsMember({"learned", "frozen", "identity"}));
   train_cmd->add_flag("--no-scale", no_scale, "Scores without the 1/sqrt(d_head) factor");
+  std::string embeddings, attention;
+  train_cmd->add_option("--embeddings", embeddings, "learned, or frozen: embeddings and LayerNorms keep their init")
+      ->check(CLI::IsMember({"learned", "frozen"}));
+  train_cmd->add_option("--attention", attention, "causal or bidirectional (default: the task's)")
+      ->check(CLI::IsMember({"causal", "bidirectional"}));
   train_cmd->add_option("--lr", lr, "Peak learning rate");
   train_cmd->add_option("--batch", batch, "Sequences per step");
   train_cmd->add_option("--threads", threads, "BLAS threads (default 1: these matrices are small)");
@@ -230,6 +235,8 @@ int main(int argc, char** argv) {
         o.model.proj = proj == "learned" ? qkv::nn::Projection::learned
                        : proj == "frozen" ? qkv::nn::Projection::frozen : qkv::nn::Projection::identity;
       if (no_scale) o.model.scale = false;
+      if (!embeddings.empty()) o.model.frozen_embeddings = embeddings == "frozen";
+      if (!attention.empty()) o.model.causal = attention == "causal";
       o.out = out;
       return run_train(o);
     }

@@ -51,6 +51,15 @@ Model::Model(const ModelConfig& c, Generator& gen)
     head = std::make_unique<nn::Linear>(c.d_model, c.n_classes, true, DType::float32, gen);
     register_module("head", *head);
   }
+  if (c.frozen_embeddings) {
+    std::vector<nn::Module*> frozen{&tok, &pos, &ln_f};
+    for (const auto& b : blocks) {
+      frozen.push_back(&b->ln1);
+      if (b->ln2) frozen.push_back(b->ln2.get());
+    }
+    for (nn::Module* m : frozen)
+      for (Tensor& t : m->parameters()) t.requires_grad_(false);
+  }
 }
 
 Forward Model::forward(const IndexArray& tokens, bool need_weights) const {

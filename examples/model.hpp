@@ -20,6 +20,9 @@ struct ModelConfig {
   nn::Projection proj = nn::Projection::learned;
   bool scale = true;  // 1/√d_head; false: 1
   bool mlp = false;
+  // Token and position embeddings and every LayerNorm stay at their init: only the attention
+  // projections and the task head train.
+  bool frozen_embeddings = false;
 };
 
 class Block : public nn::Module {

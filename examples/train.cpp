@@ -34,7 +34,8 @@ nlohmann::json config_json(const TrainOptions& o) {
                      {"qk", m.qk == nn::QK::tied ? "tied" : "untied"},
                      {"proj", m.proj == nn::Projection::learned ? "learned"
                               : m.proj == nn::Projection::frozen ? "frozen" : "identity"},
-                     {"scale", m.scale}, {"mlp", m.mlp}}}};
+                     {"scale", m.scale}, {"mlp", m.mlp},
+                     {"embeddings", m.frozen_embeddings ? "frozen" : "learned"}}}};
 }
 
 template <class T>
@@ -97,9 +98,12 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   c.proj = proj == "frozen" ? nn::Projection::frozen : proj == "identity" ? nn::Projection::identity : nn::Projection::learned;
   c.scale = field<bool>(m, "scale", file);
   c.mlp = field<bool>(m, "mlp", file);
+  c.frozen_embeddings = field<std::string>(m, "embeddings", file) == "frozen";
   if (config_json(o) != j) throw std::runtime_error(fmt::format("{}: holds values qkv does not write", file));
   return o;
 }
+
+double task_target(const std::string& task) { return task == "induction" ? 0.95 : 0.99; }
 
 TrainOptions default_options(const std::string& task_name) {
   const auto task = make_task(task_name);
@@ -213,6 +217,9 @@ TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
       running_loss = running_acc = 0;
       since_log = 0;
     }
+    if (o.target_every && !result.steps_to_target && (step + 1) % o.target_every == 0 &&
+        evaluate(model, *task, o.target_batches, o.batch, o.seed).accuracy >= o.target)
+      result.steps_to_target = step + 1;
     if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step)
       save_checkpoint(out, model, opt, {.step = step + 1, .rng = gen.state()});
   }

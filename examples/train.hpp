@@ -22,6 +22,10 @@ struct TrainOptions {
   std::size_t checkpoint_every = 500;  // and at the end
   std::size_t stop_after = 0;  // stop (checkpointed) after this step, to resume later; 0: run to the end
   bool resume = false;         // continue the run in `out` from its checkpoint
+  // Every `target_every` steps (0: never), accuracy on `target_batches` held-out batches; the
+  // first step where it reaches `target` is TrainResult::steps_to_target.
+  double target = 0;
+  std::size_t target_every = 0, target_batches = 4;
   ModelConfig model;
 };
 
@@ -40,7 +44,11 @@ struct TrainResult {
   std::size_t steps = 0;
   double seconds = 0;
   std::optional<double> loss;  // mean of the last logging window; none when no step ran
+  std::optional<std::size_t> steps_to_target;  // with TrainOptions::target_every
 };
+
+// The accuracy each task's defaults must reach on held-out sequences: 0.99, 0.99, 0.95.
+double task_target(const std::string& task);
 
 // Trains, writes OUT/config.json, OUT/metrics.jsonl and checkpoints (see checkpoint.hpp), and shows
 // progress on `progress` (an in-place line when `tty`, else a line per log step). A resumed run

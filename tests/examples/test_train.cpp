@@ -145,3 +145,37 @@ TEST_CASE("a checkpoint with missing or unexpected tensors is named") {
                                                     Catch::Matchers::Contains("unexpected extra.weight"));
   CHECK_THROWS_WITH(load_model(o.out), Catch::Matchers::Contains("does not fit"));
 }
+
+TEST_CASE("frozen embeddings keep the embeddings and LayerNorms at init, and train the rest") {
+  std::ostringstream quiet;
+  TrainOptions o = short_run("rps", "frozen", 10);
+  o.model.frozen_embeddings = true;
+  train(o, quiet, false);
+  Generator gen(o.seed);
+  const Model init(o.model, gen);
+  const auto trained = load_model(o.out);
+  CHECK(read_config(o.out).model.frozen_embeddings);
+  const StateDict after = trained->named_parameters();
+  const StateDict before = init.named_parameters();
+  REQUIRE(before.size() == after.size());
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    const std::string& name = before[i].first;
+    INFO(name);
+    REQUIRE(after[i].first == name);
+    const bool same = before[i].second.value<float>() == after[i].second.value<float>();
+    const bool frozen = name.rfind("tok.", 0) == 0 || name.rfind("pos.", 0) == 0 || name.find("ln") != std::string::npos;
+    CHECK(same == frozen);
+  }
+}
+
+TEST_CASE("steps to target: the first check at or above the target, none when never reached") {
+  std::ostringstream quiet;
+  TrainOptions o = short_run("rps", "target", 20);
+  o.target_every = 5;
+  o.target = 0;  // reached at the first check
+  CHECK(train(o, quiet, false).steps_to_target == std::optional<std::size_t>(5));
+  o.target = 1.5;  // never
+  CHECK_FALSE(train(o, quiet, false).steps_to_target);
+  CHECK(task_target("induction") == 0.95);
+  CHECK(task_target("brackets") == 0.99);
+}
