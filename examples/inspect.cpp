@@ -140,6 +140,31 @@ std::vector<std::int64_t> typical_input(const Task& task) {
   return tokens;
 }
 
+namespace {
+
+IndexArray one_row(const std::vector<std::int64_t>& input) {
+  IndexArray tokens = IndexArray::from_shape({1, input.size()});
+  std::copy(input.begin(), input.end(), tokens.begin());
+  return tokens;
+}
+
+std::vector<std::vector<double>> score_asymmetries(const Model& model, const Forward& f) {
+  std::vector<std::vector<double>> out;
+  for (std::size_t l = 0; l < model.blocks.size(); ++l) {
+    const Tensor scores = model.blocks[l]->attn.forward(f.inputs[l], {}, true).scores;
+    out.emplace_back();
+    for (std::size_t h = 0; h < scores.size(1); ++h) out.back().push_back(nn::antisymmetry(head_matrix(scores, h)));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<double>> score_asymmetries(const Model& model, const std::vector<std::int64_t>& input) {
+  NoGradGuard no_grad;
+  return score_asymmetries(model, model.forward(one_row(input), false));
+}
+
 Inspection inspect(const Model& model, const Task& task, const std::vector<std::int64_t>& input, const std::string& dir) {
   const ModelConfig& c = model.config();
   if (input.empty()) fail("inspect", "the input holds no tokens");
@@ -157,9 +182,8 @@ Inspection inspect(const Model& model, const Task& task, const std::vector<std::
   r.input = input;
   for (std::int64_t t : input) r.input_names.push_back(task.token_name(t));
 
-  IndexArray tokens = IndexArray::from_shape({1, input.size()});
-  std::copy(input.begin(), input.end(), tokens.begin());
-  const Forward f = model.forward(tokens, true);
+  const Forward f = model.forward(one_row(input), true);
+  const std::vector<std::vector<double>> asymmetry = score_asymmetries(model, f);
   std::vector<std::int64_t> openers;
   if (r.task == "brackets") {
     try {
@@ -173,7 +197,6 @@ Inspection inspect(const Model& model, const Task& task, const std::vector<std::
 
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
     const Block& b = *model.blocks[l];
-    const nn::AttentionResult unmasked = b.attn.forward(f.inputs[l], {}, true);
     const nn::AttentionResult tokens_only = b.attn.forward(b.ln1(tok), {}, true);
     const nn::AttentionResult positions_only = b.attn.forward(b.ln1(pos), {}, true);
     std::vector<HeadInspection> heads;
@@ -199,7 +222,7 @@ Inspection inspect(const Model& model, const Task& task, const std::vector<std::
       hi.position_qk = head_matrix(positions_only.scores, h);
       hi.attention = head_matrix(f.attention[l].weights, h);
       hi.scores = head_matrix(f.attention[l].scores, h);
-      hi.score_asymmetry = nn::antisymmetry(head_matrix(unmasked.scores, h));
+      hi.score_asymmetry = asymmetry[l][h];
       if (!openers.empty()) {
         double total = 0;
         std::size_t n = 0;

@@ -52,6 +52,10 @@ struct Inspection {
 // A typical sequence of the task: the first of a fixed stream at least 3/4 of the longest length.
 std::vector<std::int64_t> typical_input(const Task& task);
 
+// ‖S − Sᵀ‖ / ‖S‖ per layer and head of the pre-softmax scores S the model gives `input` (one
+// sequence, no padding), over all pairs of its tokens: the causal mask lifted.
+std::vector<std::vector<double>> score_asymmetries(const Model& model, const std::vector<std::int64_t>& input);
+
 // Everything `qkv inspect` shows, for `input` (token ids; at most the model's max_len).
 Inspection inspect(const Model& model, const Task& task, const std::vector<std::int64_t>& input,
                    const std::string& dir = "");

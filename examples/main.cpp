@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "examples/experiment.hpp"
 #include "examples/gradcheck_cases.hpp"
 #include "examples/inspect.hpp"
 #include "examples/tasks/tasks.hpp"
@@ -110,6 +111,15 @@ int run_inspect(const InspectArgs& a) {
   return 0;
 }
 
+// A markdown table on stdout; results.json, the chart and each run's folder under --out.
+int run_experiment_command(ExperimentOptions e) {
+  const ExperimentResult r = run_experiment(e, std::cerr, ::isatty(2));
+  fmt::print("{}", r.table);
+  fmt::print(stderr, "qkv experiment: wrote {0}/results.json, {0}/{1}.svg and {0}/table.md\n",
+             e.out.empty() ? "runs/experiment-" + e.name : e.out, e.name);
+  return 0;
+}
+
 int run_train(TrainOptions o) {
   const TrainResult r = train(o, std::cerr, ::isatty(2));
   const nlohmann::json line = {{"task", o.task}, {"accuracy", r.eval.accuracy}, {"exact_match", r.eval.exact_match},
@@ -181,6 +191,16 @@ int main(int argc, char** argv) {
   inspect_cmd->add_option("--html", inspect_args.html, "Write a self-contained HTML page of heatmaps to this file");
   inspect_cmd->add_option("--svg", inspect_args.svg, "Write each heatmap as an SVG file into this folder");
 
+  ExperimentOptions experiment;
+  long long experiment_seeds = 0;
+  auto* experiment_cmd = app.add_subcommand("experiment", "Rerun an experiment on the teaching claims: a table over seeds");
+  experiment_cmd->add_option("NAME", experiment.name, "ablations, dhead, scale, kv or causal")
+      ->required()
+      ->check(CLI::IsMember(experiment_names()));
+  experiment_cmd->add_flag("--quick", experiment.quick, "One seed and fewer steps: under 2 minutes");
+  experiment_cmd->add_option("--seeds", experiment_seeds, "Seeds per configuration (default 3; 1 with --quick)");
+  experiment_cmd->add_option("--out", experiment.out, "Folder for results.json, the chart and the runs");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -191,6 +211,12 @@ int main(int argc, char** argv) {
     if (*gradcheck) return run_gradcheck(filter);
     if (*tasks) return run_tasks();
     if (*inspect_cmd) return run_inspect(inspect_args);
+    if (*experiment_cmd) {
+      if (experiment_seeds < 0 || (experiment_cmd->count("--seeds") && experiment_seeds == 0))
+        qkv::fail("--seeds", "must be positive, got {}", experiment_seeds);
+      experiment.seeds = std::size_t(experiment_seeds);
+      return run_experiment_command(experiment);
+    }
     if (*eval) {
       if (eval_n <= 0) qkv::fail("--n", "must be positive, got {}", eval_n);
       return run_eval(eval_dir, std::size_t(eval_n), eval_seed);

@@ -9,6 +9,11 @@
 
 namespace qkv::test {
 
+// A folder under the system's temporary directory, unique to this process.
+inline std::string temp_folder(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("qkv_" + name + "_" + std::to_string(::getpid()))).string();
+}
+
 inline examples::TrainOptions short_run(const std::string& task, const std::string& out, std::size_t steps = 30,
                                         std::size_t checkpoint_every = 500) {
   examples::TrainOptions o = examples::default_options(task);
@@ -17,7 +22,7 @@ inline examples::TrainOptions short_run(const std::string& task, const std::stri
   o.warmup = 5;
   o.log_every = 10;
   o.eval_batches = 2;
-  o.out = (std::filesystem::temp_directory_path() / ("qkv_train_" + out + "_" + std::to_string(::getpid()))).string();
+  o.out = temp_folder("train_" + out);
   return o;
 }
 

@@ -1,0 +1,118 @@
+#include "tests/helpers.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "examples/experiment.hpp"
+#include "tests/examples/short_run.hpp"
+
+using namespace qkv;
+using namespace qkv::examples;
+using namespace qkv::test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+ExperimentOptions tiny(const std::string& name, const std::string& out) {
+  return {.name = name, .quick = false, .seeds = 2, .out = temp_folder("experiment_" + out), .steps = 4, .eval_batches = 1};
+}
+
+}  // namespace
+
+TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers from the same seeds") {
+  std::ostringstream progress;
+  const ExperimentOptions e = tiny("causal", "a");
+  const ExperimentResult a = run_experiment(e, progress, false);
+
+  // 2 attention kinds × 2 variants × 2 seeds.
+  REQUIRE(a.runs.size() == 8);
+  CHECK_THAT(progress.str(), Contains("[  8/8] brackets / bidirectional / tied, seed 1"));
+  for (const auto& run : a.runs) {
+    INFO(run.dump());
+    for (const char* key : {"experiment", "task", "variant", "embeddings", "seed", "accuracy", "steps_to_target",
+                            "seconds", "sigma_init", "sigma", "score_asymmetry", "config"})
+      CHECK(run.contains(key));
+    CHECK(run.at("experiment") == "causal");
+    CHECK(run.at("embeddings") == "learned");
+    const double accuracy = run.at("accuracy"), sigma = run.at("sigma"), sigma_init = run.at("sigma_init"),
+                 asymmetry = run.at("score_asymmetry");
+    CHECK(accuracy >= 0);
+    CHECK(accuracy <= 1);
+    CHECK(sigma >= 0);
+    CHECK(sigma <= 1 + 1e-12);
+    CHECK(asymmetry >= 0);
+    CHECK(asymmetry <= 2);
+    CHECK(run.at("seconds").get<double>() > 0);
+    CHECK((run.at("steps_to_target").is_null() || run.at("steps_to_target").get<std::size_t>() <= 4));
+    CHECK(run.at("config").at("steps") == 4);
+    CHECK(run.at("config").at("model").at("causal") == (run.at("labels").at("attention") == "causal"));
+    if (run.at("variant") == "tied") {
+      CHECK(std::abs(sigma - 1) < 1e-12);
+      CHECK(std::abs(sigma_init - 1) < 1e-12);
+      CHECK(asymmetry < 1e-6);
+    } else {
+      CHECK(sigma < 0.9);
+      CHECK(asymmetry > 0.1);
+    }
+  }
+  // The markdown table: a header, a rule, one row per configuration.
+  std::istringstream lines(a.table);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(lines, line);) rows.push_back(line);
+  REQUIRE(rows.size() == 2 + 4);
+  CHECK(rows[0] == "| task | attention | variant | accuracy | steps to target | σ init | σ | score asymmetry |");
+  CHECK_THAT(rows[2], Contains("| brackets | causal | untied | "));
+  CHECK_THAT(rows[5], Contains("| brackets | bidirectional | tied | "));
+  CHECK_THAT(rows[5], Contains(" ± "));  // two seeds
+  CHECK_THAT(a.chart, Contains("<svg"));
+  CHECK(std::filesystem::exists(e.out + "/results.json"));
+  CHECK(std::filesystem::exists(e.out + "/causal.svg"));
+  std::ifstream in(e.out + "/results.json");
+  const nlohmann::json file = nlohmann::json::parse(in);
+  CHECK(file.at("runs").size() == 8);
+
+  // The same seeds again: every number but the time is the same.
+  ExperimentOptions again = tiny("causal", "b");
+  const ExperimentResult b = run_experiment(again, progress, false);
+  REQUIRE(b.runs.size() == a.runs.size());
+  for (std::size_t i = 0; i < a.runs.size(); ++i)
+    for (const char* key : {"accuracy", "steps_to_target", "sigma_init", "sigma", "score_asymmetry"})
+      CHECK(a.runs[i].at(key) == b.runs[i].at(key));
+  std::filesystem::remove_all(e.out);
+  std::filesystem::remove_all(again.out);
+}
+
+TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown name") {
+  std::ostringstream progress;
+  ExperimentOptions e = tiny("kv", "kv");
+  e.seeds = 1;
+  const ExperimentResult r = run_experiment(e, progress, false);
+  REQUIRE(r.runs.size() == 3);
+  // 2 layers × kv_heads × (d_head 8 + d_v 8) × 4 bytes per token.
+  CHECK(r.runs[0].at("kv_cache_bytes_per_token") == 2 * 4 * 16 * 4);
+  CHECK(r.runs[1].at("kv_cache_bytes_per_token") == 2 * 2 * 16 * 4);
+  CHECK(r.runs[2].at("kv_cache_bytes_per_token") == 2 * 1 * 16 * 4);
+  CHECK_THAT(r.table, Contains("| induction | MQA | 1 | "));
+  std::filesystem::remove_all(e.out);
+
+  ExperimentOptions s = tiny("scale", "scale");
+  s.seeds = 1;
+  const ExperimentResult sr = run_experiment(s, progress, false);
+  REQUIRE(sr.runs.size() == 6);
+  for (const auto& run : sr.runs) {
+    const double entropy = run.at("entropy_init"), top = run.at("max_weight_init"), grad = run.at("grad_norm_init");
+    CHECK(entropy >= 0);
+    CHECK(top > 0);
+    CHECK(top <= 1);
+    CHECK(grad > 0);
+  }
+  // Without 1/√d_head at d_head 64, scores at init are 8× larger: sharper rows, lower entropy.
+  CHECK(sr.runs[5].at("entropy_init").get<double>() < sr.runs[4].at("entropy_init").get<double>());
+  CHECK(sr.runs[5].at("max_weight_init").get<double>() > sr.runs[4].at("max_weight_init").get<double>());
+  std::filesystem::remove_all(s.out);
+
+  ExperimentOptions bad = tiny("sorting", "bad");
+  CHECK_THAT(invalid_argument_message([&] { run_experiment(bad, progress, false); }),
+             Contains("experiment: unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal)"));
+}
