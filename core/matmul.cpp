@@ -1,9 +1,8 @@
 // matmul: (..., n, k) @ (..., k, m) -> (..., n, m), every product through BLAS gemm.
-#include <cblas.h>
-
 #include <algorithm>
 #include <climits>
 
+#include "core/detail/blas.hpp"
 #include "core/detail/op.hpp"
 #include "core/ops.hpp"
 
@@ -11,18 +10,11 @@ namespace qkv {
 
 namespace {
 
-// Row-major C (M,N) = op(A) (M,K) · op(B) (K,N) + beta C; op transposes when asked.
-void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
-          const float* B, float beta, float* C) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              int(M), int(N), int(K), 1.0f, A, int(std::max<std::size_t>(1, trans_a ? M : K)), B,
-              int(std::max<std::size_t>(1, trans_b ? K : N)), beta, C, int(std::max<std::size_t>(1, N)));
-}
-void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const double* A,
-          const double* B, double beta, double* C) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              int(M), int(N), int(K), 1.0, A, int(std::max<std::size_t>(1, trans_a ? M : K)), B,
-              int(std::max<std::size_t>(1, trans_b ? K : N)), beta, C, int(std::max<std::size_t>(1, N)));
+// Row-major C (M,N) = op(A) (M,K) · op(B) (K,N) + beta C, each operand contiguous.
+template <class T>
+void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const T* A, const T* B, T beta,
+          T* C) {
+  detail::gemm(trans_a, trans_b, M, N, K, T(1), A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
 }
 
 // Element offsets of each batch entry of an operand whose batch dimensions `in` broadcast to

@@ -48,6 +48,15 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // x Wᵀ + b (..., out), as one gemm with no transposed copy of the weight.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
+// --- attention.cpp: softmax(scale · q kᵀ) v for every head at once, the heads side by side in the
+// last dimension as projections produce them: q (B, Tq, H·dh), k (B, Tk, Hkv·dh), v (B, Tk, Hkv·dv)
+// -> (B, Tq, H·dv); query head h reads kv head h / (H / Hkv) (MQA, GQA). `causal`: query i sees
+// keys 0 … Tk − Tq + i. `allowed` (B, H, Tq, Tk), true = may attend, or 0-d for none. A query
+// that may attend no key gets zeros (and passes no gradient). Backward keeps only the weights.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t n_heads,
+                                    std::size_t n_kv_heads, double scale, bool causal,
+                                    const MaskArray& allowed = MaskArray());
+
 // --- shape_ops.cpp
 Tensor reshape(const Tensor& x, const std::vector<std::int64_t>& shape);  // one entry may be -1
 Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims);

@@ -95,6 +95,7 @@ void add_module_cases(Catalogue& c) {
     MultiHeadAttentionOptions options;
     AttentionMask mask;
     bool cross = false;  // query, key and value from separate inputs, Tk = 3
+    bool weights = false;  // need_weights: the unfused path, op by op
   };
   MaskArray padding = {{true, true, true, false}, {true, false, false, false}};  // (B, Tk)
   MaskArray cross_padding = {{true, true, false}, {false, true, true}};
@@ -129,6 +130,9 @@ void add_module_cases(Catalogue& c) {
       {"scale=0.7", opts(2, [](auto& o) { o.scale = 0.7; }), {.causal = true}},
       {"identity", opts(2, [](auto& o) { o.proj = Projection::identity; }), {.causal = true}},
       {"frozen", opts(2, [](auto& o) { o.proj = Projection::frozen; }), {.causal = true}},
+      {"causal, need_weights", opts(2, same), {.causal = true}, false, true},
+      {"cross+GQA+padding, need_weights", opts(4, [](auto& o) { o.n_kv_heads = 2; o.kdim = 5; o.vdim = 6; }),
+       {.key_padding = cross_padding}, true, true},
   };
   for (const Config& cfg : configs) {
     c.add_setup("MultiHeadAttention", "MultiHeadAttention " + cfg.name, [cfg](Generator& g) {
@@ -136,12 +140,12 @@ void add_module_cases(Catalogue& c) {
       const auto& o = m->options();
       if (!cfg.cross) {
         return std::pair(with_parameters({normal_input({2, 4, 8}, g)}, *m), GradcheckFunction([m, cfg](const Inputs& x) {
-          return m->forward(x[0], cfg.mask).output;
+          return m->forward(x[0], cfg.mask, cfg.weights).output;
         }));
       }
       Inputs in{normal_input({2, 4, 8}, g), normal_input({2, 3, o.kdim}, g), normal_input({2, 3, o.vdim}, g)};
       return std::pair(with_parameters(in, *m), GradcheckFunction([m, cfg](const Inputs& x) {
-        return m->forward(x[0], x[1], x[2], cfg.mask).output;
+        return m->forward(x[0], x[1], x[2], cfg.mask, cfg.weights).output;
       }));
     });
   }
@@ -269,6 +273,26 @@ std::vector<GradcheckCase> build() {
   c.add("graph", "graph softmax(q kᵀ/√d) v", [](Generator& g) {
     return Inputs{normal_input({2, 3, 4}, g), normal_input({2, 5, 4}, g), normal_input({2, 5, 2}, g)};
   }, [](const Inputs& x) { return matmul(softmax(matmul(x[0], transpose(x[1], 1, 2)) / 2.0, -1), x[2]); });
+
+  // scaled_dot_product_attention: heads packed in the last dimension. B = 2.
+  const auto sdpa = [](std::size_t Tq, std::size_t Tk, std::size_t H, std::size_t Hkv, std::size_t dh, std::size_t dv) {
+    return [=](Generator& g) {
+      return Inputs{normal_input({2, Tq, H * dh}, g), normal_input({2, Tk, Hkv * dh}, g), normal_input({2, Tk, Hkv * dv}, g)};
+    };
+  };
+  c.add("scaled_dot_product_attention", "scaled_dot_product_attention 2 heads", sdpa(4, 5, 2, 2, 3, 2),
+        [](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 2, 2, 0.6, false); });
+  c.add("scaled_dot_product_attention", "scaled_dot_product_attention causal, Tq 3 < Tk 5", sdpa(3, 5, 2, 2, 3, 2),
+        [](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 2, 2, 0.6, true); });
+  c.add("scaled_dot_product_attention", "scaled_dot_product_attention GQA 4 heads, 2 kv heads, causal",
+        sdpa(4, 4, 4, 2, 3, 2), [](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 4, 2, 0.6, true); });
+  c.add("scaled_dot_product_attention", "scaled_dot_product_attention MQA, mask with a fully masked row",
+        sdpa(3, 4, 3, 1, 2, 3), [](const Inputs& x) {
+          MaskArray allowed = xt::ones<bool>(Shape{2, 3, 3, 4});
+          for (std::size_t j = 0; j < 4; ++j) allowed(1, 2, 0, j) = false;  // batch 1, head 2, query 0 sees nothing
+          allowed(0, 0, 1, 3) = allowed(0, 1, 2, 0) = false;
+          return scaled_dot_product_attention(x[0], x[1], x[2], 3, 1, 0.6, false, allowed);
+        });
 
   add_module_cases(c);
   return std::move(c.cases);

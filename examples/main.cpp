@@ -1,5 +1,4 @@
 // The qkv program: train toy attention models and look inside them.
-#include <cblas.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,6 +16,7 @@
 #include "examples/inspect.hpp"
 #include "examples/tasks/tasks.hpp"
 #include "examples/train.hpp"
+#include "core/runtime.hpp"
 #include "nn/safetensors.hpp"
 
 namespace {
@@ -133,6 +133,7 @@ int run_train(TrainOptions o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  qkv::reuse_freed_memory();
   CLI::App app{"qkv: train small attention models and look inside them"};
   app.require_subcommand(1);
 
@@ -169,7 +170,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"causal", "bidirectional"}));
   train_cmd->add_option("--lr", lr, "Peak learning rate");
   train_cmd->add_option("--batch", batch, "Sequences per step");
-  train_cmd->add_option("--threads", threads, "BLAS threads (default 1: these matrices are small)");
+  train_cmd->add_option("--threads", threads, "threads (default 1: these matrices are small)");
   std::optional<long long> checkpoint_every;
   bool resume = false;
   train_cmd->add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (default 500; and at the end)");
@@ -229,7 +230,7 @@ int main(int argc, char** argv) {
       };
       std::size_t blas_threads = 1;
       positive("--threads", threads, blas_threads);
-      openblas_set_num_threads(int(blas_threads));
+      qkv::set_num_threads(blas_threads);
       if (resume) {
         for (auto* opt : train_cmd->get_options())
           if (opt->count() > 0 && !opt->check_name("TASK") && !opt->check_name("--out") &&

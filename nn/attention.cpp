@@ -146,13 +146,8 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   check_input("input x", x, o.d_model);
   const Tensor xb = batched(x);
   if (o.proj == Projection::identity) return attend(xb, xb, xb, mask, need_weights, cache, x.dim() == 2);
-  // One GEMM: [W_q; W_k; W_v] stacked by rows, then the result split by columns.
-  const Linear& k_lin = k_proj ? *k_proj : *q_proj;
-  const Tensor w = concat({q_proj->weight, k_lin.weight, v_proj->weight}, 0);
-  const Tensor b = o.qkv_bias ? concat({q_proj->bias, k_lin.bias, v_proj->bias}, 0) : Tensor();
-  const auto qkv = split(linear(xb, w, b), std::vector<std::size_t>{o.n_heads * o.d_head, o.n_kv_heads * o.d_head,
-                                                                       o.n_kv_heads * o.d_v}, -1);
-  return attend(qkv[0], qkv[1], qkv[2], mask, need_weights, cache, x.dim() == 2);
+  const Tensor q = (*q_proj)(xb);
+  return attend(q, k_proj ? (*k_proj)(xb) : q, (*v_proj)(xb), mask, need_weights, cache, x.dim() == 2);
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -181,6 +176,20 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   using I = std::int64_t;
   const I B = I(q.size(0)), Tq = I(q.size(1)), Tnew = I(k.size(1));
   const I H = I(o.n_heads), Hkv = I(o.n_kv_heads), G = H / Hkv, dh = I(o.d_head), dv = I(o.d_v);
+  const double scale = o.scale.value_or(1.0 / std::sqrt(double(dh)));
+  if (!need_weights && cache == nullptr) {
+    // One fused op, on the heads as the projections packed them. A plain causal mask it applies
+    // itself; any other mask it takes as a full (B, H, Tq, Tk) array.
+    const bool masks = mask.key_padding.dimension() > 0 || mask.allowed.dimension() > 0 || (mask.causal && Tq > Tnew);
+    const MaskArray allowed =
+        masks ? MaskArray(!blocked_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tnew)))
+              : MaskArray();
+    AttentionResult r;
+    r.output = (*out_proj)(
+        scaled_dot_product_attention(q, k, v, o.n_heads, o.n_kv_heads, scale, !masks && mask.causal, allowed));
+    if (unbatched_input) r.output = unbatched(r.output);
+    return r;
+  }
   Tensor q5 = permute(reshape(q, {B, Tq, Hkv, G, dh}), {0, 2, 3, 1, 4});  // (B, Hkv, G, Tq, dh)
   Tensor k4 = permute(reshape(k, {B, Tnew, Hkv, dh}), {0, 2, 1, 3});      // (B, Hkv, Tnew, dh)
   Tensor v4 = permute(reshape(v, {B, Tnew, Hkv, dv}), {0, 2, 1, 3});      // (B, Hkv, Tnew, dv)
@@ -198,7 +207,6 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
     cache->values = v4;
   }
   const I Tk = I(k4.size(2));
-  const double scale = o.scale.value_or(1.0 / std::sqrt(double(dh)));
   Tensor scores = matmul(q5, transpose(reshape(k4, {B, Hkv, 1, Tk, dh}), -1, -2)) * scale;  // (B, Hkv, G, Tq, Tk)
   scores = reshape(scores, {B, H, Tq, Tk});
   const MaskArray blocked = blocked_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tk));

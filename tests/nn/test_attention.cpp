@@ -90,15 +90,39 @@ TEST_CASE("seed 001: each row of the weights sums to 1 and a head outputs (T, d_
   CHECK(r.output.shape() == Shape{3, 8});
 }
 
-TEST_CASE("self-attention's one fused GEMM equals the three separate projections") {
-  auto o = options(8, 4, 2);
-  o.d_v = 3;
-  MultiHeadAttention mha(o);
-  const Tensor x = random_input({2, 5, 8}, 3);
-  const AttentionMask causal{.causal = true};
-  const AttentionResult fused = mha.forward(x, causal, true), separate = mha.forward(x, x, x, causal, true);
-  check_close(fused.output, separate.output.value<double>(), 1e-12);
-  check_close(fused.scores, separate.scores.value<double>(), 1e-12);
+TEST_CASE("the fused path (no weights asked) equals the op-by-op path, forward and backward") {
+  MaskArray padding = {{true, true, true, false, true}, {false, true, true, true, true}};
+  struct Case {
+    const char* name;
+    std::size_t heads, kv_heads;
+    AttentionMask mask;
+    QK qk;
+  };
+  for (const Case& c : {Case{"causal GQA", 4, 2, {.causal = true}, QK::untied}, Case{"padding", 2, 2, {.key_padding = padding}, QK::untied},
+                        Case{"causal+padding MQA", 4, 1, {.causal = true, .key_padding = padding}, QK::untied},
+                        Case{"tied, no mask", 2, 2, {}, QK::tied}}) {
+    INFO(c.name);
+    auto o = options(8, c.heads, c.kv_heads);
+    o.qk = c.qk;
+    MultiHeadAttention mha(o);
+    Tensor x = random_input({2, 5, 8}, 3).requires_grad_();
+    const Tensor w = random_input({2, 5, 8}, 4);
+    std::vector<Array<double>> grads[2];
+    Array<double> outputs[2];
+    for (int weights = 0; weights < 2; ++weights) {
+      mha.zero_grad();
+      x.zero_grad();
+      const AttentionResult r = mha.forward(x, c.mask, weights == 1);
+      CHECK(r.weights.defined() == (weights == 1));
+      sum(r.output * w).backward();
+      outputs[weights] = r.output.value<double>();
+      grads[weights].push_back(x.grad().value<double>());
+      for (const Tensor& p : mha.parameters()) grads[weights].push_back(p.grad().value<double>());
+    }
+    check_close(outputs[0], outputs[1], 1e-12);
+    REQUIRE(grads[0].size() == grads[1].size());
+    for (std::size_t i = 0; i < grads[0].size(); ++i) check_close(grads[0][i], grads[1][i], 1e-12);
+  }
 }
 
 TEST_CASE("each query head reads the kv head of its group, under GQA") {

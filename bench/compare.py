@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""Runs qkv-bench and its PyTorch twin side by side and prints a markdown table.
+
+    bench/compare.py [--bench build/qkv-bench] [--threads 2] [--seconds 5] [--rounds 3]
+                     [--configs tiny,small,medium]
+
+First the machine's sgemm rate (qkv-bench --peak, the best of 512-2048 square products through
+OpenBLAS); then, per config, `rounds` rounds of qkv and PyTorch, alternating, so that both see
+the same machine. Each cell is the median over rounds.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_json(cmd, env):
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"compare.py: {' '.join(cmd)} failed with status {done.returncode}:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bench", default="build/qkv-bench")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--configs", default="tiny,small,medium")
+    args = parser.parse_args()
+
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # PyTorch threads through torch.set_num_threads
+    threads = ["--threads", str(args.threads)]
+    seconds = ["--seconds", str(args.seconds)]
+    peak = run_json([args.bench, "--peak", *threads, *seconds], env)["gflops"]
+    qkv_cmd = [args.bench, *threads, *seconds]
+    torch_cmd = [sys.executable, os.path.join(HERE, "torch_bench.py"), *threads, *seconds]
+
+    rows, torch_version = [], None
+    for name in args.configs.split(","):
+        runs = {"qkv": [], "torch": []}
+        for _ in range(args.rounds):
+            runs["qkv"].append(run_json([*qkv_cmd, "--config", name], env))
+            runs["torch"].append(run_json([*torch_cmd, "--config", name], env))
+        med = {impl: {key: statistics.median(r[key] for r in rs)
+                      for key in ("steps_per_s", "ms_per_step", "gflops", "peak_rss_mb")}
+               for impl, rs in runs.items()}
+        torch_version = runs["torch"][0]["torch"]
+        if runs["qkv"][0]["params"] != runs["torch"][0]["params"]:
+            sys.exit(f"compare.py: {name}: qkv has {runs['qkv'][0]['params']} parameters, "
+                     f"PyTorch {runs['torch'][0]['params']}: the models differ")
+        flops = {impl: rs[0]["gflops"] / rs[0]["steps_per_s"] for impl, rs in runs.items()}
+        if abs(flops["qkv"] - flops["torch"]) > 1e-9 * flops["qkv"]:
+            sys.exit(f"compare.py: {name}: the FLOP counts per step differ: {flops}")
+        rows.append((name, runs["qkv"][0]["params"], med["qkv"], med["torch"]))
+
+    print(f"{datetime.date.today().isoformat()}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads, "
+          f"PyTorch {torch_version}; sgemm peak {peak:.0f} GFLOP/s; median of {args.rounds} rounds of "
+          f"{args.seconds:g} s\n")
+    print("| config | params | qkv steps/s | PyTorch steps/s | qkv / PyTorch | qkv GFLOP/s (% peak) "
+          "| PyTorch GFLOP/s (% peak) | qkv peak MB | PyTorch peak MB | memory qkv / PyTorch |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, params, q, t in rows:
+        print(f"| {name} | {params} | {q['steps_per_s']:.1f} | {t['steps_per_s']:.1f} "
+              f"| {q['steps_per_s'] / t['steps_per_s']:.2f}x "
+              f"| {q['gflops']:.1f} ({100 * q['gflops'] / peak:.0f}%) | {t['gflops']:.1f} ({100 * t['gflops'] / peak:.0f}%) "
+              f"| {q['peak_rss_mb']:.0f} | {t['peak_rss_mb']:.0f} | {q['peak_rss_mb'] / t['peak_rss_mb']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+// qkv-bench: times training steps of a small attention model; bench/torch_bench.py is its
+// PyTorch twin and bench/compare.py runs both. One step is zero_grad + forward + backward + Adam,
+// float32, on one batch of random tokens and targets drawn with a fixed seed:
+//   x = tok[ids] + pos,  L × { x = x + MHA(x) } (causal, biases on all four projections),
+//   loss = cross_entropy(Linear(D, V)(x), targets)  (mean over all B·T positions).
+//
+//   qkv-bench --config tiny [--threads N] [--seconds S]  -> one JSON line
+//   qkv-bench --peak [--threads N] [--seconds S]         -> the machine's sgemm rate, one JSON line
+#include <cblas.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/config.hpp"
+#include "core/ops.hpp"
+#include "core/runtime.hpp"
+#include "core/random.hpp"
+#include "nn/attention.hpp"
+#include "nn/layers.hpp"
+#include "optim/adam.hpp"
+
+namespace {
+
+using namespace qkv;
+using Clock = std::chrono::steady_clock;
+
+class BenchModel : public nn::Module {
+ public:
+  BenchModel(const bench::Config& c, Generator& gen)
+      : tok(c.V, c.D, DType::float32, gen), pos(c.T, c.D, DType::float32, gen) {
+    register_module("tok", tok);
+    register_module("pos", pos);
+    for (std::size_t l = 0; l < c.L; ++l) {
+      nn::MultiHeadAttentionOptions o;
+      o.d_model = c.D;
+      o.n_heads = c.H;
+      layers.push_back(std::make_unique<nn::MultiHeadAttention>(o, gen));
+      register_module(fmt::format("layers.{}", l), *layers.back());
+    }
+    head = std::make_unique<nn::Linear>(c.D, c.V, true, DType::float32, gen);
+    register_module("head", *head);
+  }
+
+  Tensor loss(const IndexArray& ids, const IndexArray& targets) const {
+    nn::AttentionMask causal;
+    causal.causal = true;
+    Tensor x = pos(tok(ids));
+    for (const auto& layer : layers) x = x + layer->forward(x, causal).output;
+    return cross_entropy((*head)(x), targets);
+  }
+
+  nn::Embedding tok;
+  nn::LearnedPositionalEncoding pos;
+  std::vector<std::unique_ptr<nn::MultiHeadAttention>> layers;
+  std::unique_ptr<nn::Linear> head;
+};
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Runs `step` for about `warmup` seconds untimed, then for `seconds`; returns steps and time.
+template <class Step>
+std::pair<std::size_t, double> timed(Step&& step, double warmup, double seconds) {
+  for (auto t0 = Clock::now(); seconds_since(t0) < warmup;) step();
+  std::size_t steps = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  while (elapsed < seconds || steps < 3) {
+    step();
+    ++steps;
+    elapsed = seconds_since(t0);
+  }
+  return {steps, elapsed};
+}
+
+nlohmann::ordered_json run_config(const bench::Config& c, std::size_t threads, double seconds) {
+  const double base_rss = peak_rss_mb();
+  Generator gen(0);
+  BenchModel model(c, gen);
+  IndexArray ids = IndexArray::from_shape({c.B, c.T}), targets = IndexArray::from_shape({c.B, c.T});
+  for (auto& i : ids) i = std::int64_t(gen.next_u64() % c.V);
+  for (auto& t : targets) t = std::int64_t(gen.next_u64() % c.V);
+  optim::Adam adam(model.parameters(), optim::AdamOptions{});
+  std::size_t params = 0;
+  for (const Tensor& p : model.parameters()) params += p.numel();
+  double last_loss = 0;
+  auto step = [&] {
+    adam.zero_grad();
+    const Tensor loss = model.loss(ids, targets);
+    loss.backward();
+    adam.step();
+    last_loss = loss.item();
+  };
+  const auto [steps, elapsed] = timed(step, std::min(1.0, seconds / 4), seconds);
+  const double per_step = elapsed / double(steps);
+  nlohmann::ordered_json out;
+  out["impl"] = "qkv";
+  out["config"] = c.name;
+  out["threads"] = threads;
+  out["steps_per_s"] = 1.0 / per_step;
+  out["ms_per_step"] = 1e3 * per_step;
+  out["params"] = params;
+  out["gflops"] = bench::step_flops(c) / per_step / 1e9;
+  out["peak_rss_mb"] = peak_rss_mb();
+  out["steps"] = steps;
+  out["loss"] = last_loss;
+  out["base_rss_mb"] = base_rss;  // before the model was built
+  out["blas"] = blas_kernels();
+  return out;
+}
+
+// The best sgemm rate over square sizes, with `threads` BLAS threads.
+nlohmann::ordered_json run_peak(std::size_t threads, double seconds) {
+  nlohmann::ordered_json out;
+  out["impl"] = "sgemm";
+  out["threads"] = threads;
+  double best = 0;
+  for (const int n : {512, 1024, 2048}) {
+    std::vector<float> a(std::size_t(n) * n, 0.5f), b(std::size_t(n) * n, 0.25f), c(std::size_t(n) * n, 0.0f);
+    auto gemm = [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    };
+    const auto [calls, elapsed] = timed(gemm, 0.2, seconds / 3);
+    const double gflops = 2.0 * n * n * double(n) * double(calls) / elapsed / 1e9;
+    out["gflops_n" + std::to_string(n)] = gflops;
+    best = std::max(best, gflops);
+  }
+  out["gflops"] = best;
+  out["blas"] = blas_kernels();
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  qkv::reuse_freed_memory();
+  CLI::App app{"qkv-bench: training-step speed of a small attention model"};
+  std::string config;
+  std::size_t threads = 1;
+  double seconds = 10;
+  bool peak = false;
+  app.add_option("--config", config, "tiny, small or medium")->check(CLI::IsMember(bench::config_names()));
+  app.add_option("--threads", threads, "threads for BLAS and qkv's own work")->check(CLI::Range(1, 256));
+  app.add_option("--seconds", seconds, "how long to time steps for, after a warm-up")->check(CLI::Range(0.1, 3600.0));
+  app.add_flag("--peak", peak, "measure the machine's sgemm rate instead");
+  try {
+    app.parse(argc, argv);
+    if (peak == !config.empty()) throw CLI::ValidationError("--config", "give one of --config NAME and --peak");
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    qkv::set_num_threads(threads);
+    const auto out = peak ? run_peak(threads, seconds) : run_config(bench::config(config), threads, seconds);
+    fmt::print("{}\n", out.dump());
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "qkv-bench: {}\n", e.what());
+    return 1;
+  }
+}

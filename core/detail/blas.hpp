@@ -1,0 +1,21 @@
+#pragma once
+// Matrix products and the thread pool, for core's op .cpp files.
+#include <cstddef>
+#include <functional>
+
+namespace qkv::detail {
+
+// Row-major C (M×N) = alpha · op(A) (M×K) · op(B) (K×N) + beta · C, with leading dimensions, so
+// that a head's slice of a packed (T, H·d) array is a matrix in place. op transposes when asked.
+// Large products are split into row blocks across the pool's threads.
+void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A,
+          std::size_t lda, const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc);
+void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, double alpha, const double* A,
+          std::size_t lda, const double* B, std::size_t ldb, double beta, double* C, std::size_t ldc);
+
+// Runs task(i) for i in [0, n) on the pool (the calling thread takes part) and returns when all
+// are done; the first exception a task throws is rethrown here. Inside a task, a nested
+// parallel_for runs serially on that thread.
+void parallel_for(std::size_t n, const std::function<void(std::size_t)>& task);
+
+}  // namespace qkv::detail

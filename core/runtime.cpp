@@ -1,0 +1,242 @@
+// The thread pool, the choice of OpenBLAS kernels, memory, and gemm.
+#include "core/runtime.hpp"
+
+#include <cblas.h>
+#include <malloc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/detail/blas.hpp"
+
+// OpenBLAS built with DYNAMIC_ARCH (as Debian's is) picks its kernels when it loads. These two
+// functions redo that choice; they are exported, but not declared in cblas.h, and absent from
+// other builds, hence weak.
+extern "C" {
+char* openblas_get_corename(void);
+void gotoblas_dynamic_init(void) __attribute__((weak));
+void gotoblas_dynamic_quit(void) __attribute__((weak));
+}
+
+namespace qkv {
+
+namespace {
+
+// OpenBLAS 0.3.21 (Debian 12) does not know some newer Intel CPUs, Sapphire Rapids among them,
+// and falls back to its Prescott (SSE3) kernels, a fifth of the speed that the CPU's AVX-512 gives.
+// When that happened and the user did not choose with OPENBLAS_CORETYPE, choose the newest kernels
+// the CPU runs: SkylakeX (AVX-512) or Haswell (AVX2 and FMA). This runs before main, after
+// OpenBLAS's own start-up and before any product. OpenBLAS runs single-threaded from here on.
+struct SetUpBlas {
+  SetUpBlas() {
+    openblas_set_num_threads(1);  // qkv's pool does the threading: see set_num_threads
+    if (std::getenv("OPENBLAS_CORETYPE") != nullptr || !gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
+    if (std::string(openblas_get_corename()) != "Prescott") return;
+    __builtin_cpu_init();
+    const char* kernels = nullptr;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512cd"))
+      kernels = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+      kernels = "Haswell";
+    if (kernels == nullptr) return;
+    setenv("OPENBLAS_CORETYPE", kernels, 1);
+    gotoblas_dynamic_quit();
+    gotoblas_dynamic_init();
+    unsetenv("OPENBLAS_CORETYPE");
+  }
+} set_up_blas;
+
+thread_local bool in_task = false;
+
+// n − 1 workers plus the caller. Workers spin briefly after a job, since steps issue many small
+// jobs in a row, then sleep.
+class Pool {
+ public:
+  ~Pool() { resize(1); }
+
+  std::size_t size() const { return workers_.size() + 1; }
+
+  void resize(std::size_t n) {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+      ++generation_;
+    }
+    wake_.notify_all();
+    for (std::thread& w : workers_) w.join();
+    workers_.clear();
+    stop_ = false;
+    for (std::size_t i = 1; i < n; ++i) workers_.emplace_back([this] { work(); });
+  }
+
+  void run(std::size_t n, const std::function<void(std::size_t)>& task) {
+    std::lock_guard serial(run_mutex_);  // one job at a time, from any thread
+    {
+      std::lock_guard lock(mutex_);
+      task_ = &task;
+      n_ = n;
+      next_.store(0);
+      pending_.store(workers_.size());
+      error_ = nullptr;
+      generation_.fetch_add(1);
+    }
+    wake_.notify_all();
+    drain();
+    while (pending_.load() != 0) std::this_thread::yield();
+    task_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void drain() {
+    in_task = true;
+    for (std::size_t i; (i = next_.fetch_add(1)) < n_;) {
+      try {
+        (*task_)(i);
+      } catch (...) {
+        std::lock_guard lock(error_mutex_);
+        if (!error_) error_ = std::current_exception();
+        next_.store(n_);
+      }
+    }
+    in_task = false;
+  }
+
+  void work() {
+    std::uint64_t seen = generation_.load();
+    while (true) {
+      // Spin for about 50 µs for the next job, then sleep until one comes.
+      for (int spin = 0; spin < 2000 && generation_.load() == seen; ++spin) std::this_thread::yield();
+      if (generation_.load() == seen) {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return generation_.load() != seen; });
+      }
+      seen = generation_.load();
+      if (stop_) return;
+      drain();
+      pending_.fetch_sub(1);
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_, run_mutex_, error_mutex_;
+  std::condition_variable wake_;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(std::size_t)>* task_ = nullptr;
+  std::size_t n_ = 0;
+  std::atomic<std::size_t> next_{0}, pending_{0};
+  std::exception_ptr error_;
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+std::size_t& thread_count() {
+  static std::size_t n = 1;
+  return n;
+}
+
+void blas(bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t lda,
+          const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
+              alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+void blas(bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, double alpha, const double* A,
+          std::size_t lda, const double* B, std::size_t ldb, double beta, double* C, std::size_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
+              alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+// Splits C into blocks of rows (or of columns, when it has few rows) across the pool, when the
+// product is large enough to pay for it.
+template <class T>
+void gemm_blocks(bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A, std::size_t lda,
+                 const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: C = beta · C
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  // BLAS wants leading dimensions of at least 1 even for empty operands.
+  lda = std::max<std::size_t>(lda, 1);
+  ldb = std::max<std::size_t>(ldb, 1);
+  ldc = std::max<std::size_t>(ldc, 1);
+  const std::size_t threads = in_task ? 1 : get_num_threads();
+  constexpr std::size_t min_work = std::size_t(1) << 18, align = 16;
+  const std::size_t blocks = std::min(threads, std::max<std::size_t>(1, M * N * K / min_work));
+  if (blocks <= 1 || std::max(M, N) < 2 * align) {
+    blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const bool by_rows = M >= N || M >= blocks * 64;
+  const std::size_t extent = by_rows ? M : N;
+  const std::size_t step = (extent / blocks + align - 1) / align * align;
+  const std::size_t count = (extent + step - 1) / step;
+  detail::parallel_for(count, [&](std::size_t i) {
+    const std::size_t lo = i * step, len = std::min(step, extent - lo);
+    if (by_rows)
+      blas(ta, tb, len, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
+    else
+      blas(ta, tb, M, len, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+  });
+}
+
+}  // namespace
+
+void set_num_threads(std::size_t n) {
+  if (n == 0) throw std::invalid_argument("set_num_threads: the number of threads must be at least 1, got 0");
+  openblas_set_num_threads(1);
+  if (pool().size() != n) pool().resize(n);
+  thread_count() = n;
+}
+
+std::size_t get_num_threads() { return thread_count(); }
+
+void reuse_freed_memory() {
+  // Blocks up to 32 MiB (glibc's largest threshold) come from the heap, whose top is never trimmed.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, -1);
+}
+
+std::string blas_kernels() { return openblas_get_corename(); }
+
+namespace detail {
+
+void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A,
+          std::size_t lda, const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+  gemm_blocks(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, double alpha, const double* A,
+          std::size_t lda, const double* B, std::size_t ldb, double beta, double* C, std::size_t ldc) {
+  gemm_blocks(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void parallel_for(std::size_t n, const std::function<void(std::size_t)>& task) {
+  if (n == 0) return;
+  if (in_task || n == 1 || pool().size() == 1) {
+    for (std::size_t i = 0; i < n; ++i) task(i);
+    return;
+  }
+  pool().run(n, task);
+}
+
+}  // namespace detail
+
+}  // namespace qkv

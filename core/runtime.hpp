@@ -1,0 +1,27 @@
+#pragma once
+// Process-wide settings: threads, BLAS kernels, memory.
+//
+// Threads, as torch.set_num_threads: qkv splits its own work (attention per batch entry and head,
+// row blocks of large matrix products) across a pool of this many threads, and runs OpenBLAS
+// single-threaded inside them, so the two never compete for cores. The default is 1.
+// With a given number of threads, results are bit-identical from run to run: each output element
+// is computed by one thread, in a fixed order. Between different numbers of threads they may
+// differ in the last bits, since a product split into blocks can take other BLAS kernels.
+#include <cstddef>
+#include <string>
+
+namespace qkv {
+
+void set_num_threads(std::size_t n);  // n ≥ 1
+std::size_t get_num_threads();
+
+// Keeps freed memory in the process for reuse, instead of handing blocks of up to 32 MiB back to
+// the system at once (glibc's mallopt). A training step frees and allocates the same large arrays every
+// step; without this, each allocation maps fresh pages and pays a page fault per 4 KiB. The
+// process then holds on to its peak memory. The qkv program and qkv-bench call it first thing.
+void reuse_freed_memory();
+
+// The BLAS kernels in use, e.g. "SkylakeX" (OpenBLAS's name for them).
+std::string blas_kernels();
+
+}  // namespace qkv

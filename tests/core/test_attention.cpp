@@ -1,0 +1,137 @@
+#include "tests/helpers.hpp"
+
+#include <limits>
+
+#include "core/runtime.hpp"
+
+using namespace qkv;
+using namespace qkv::test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// softmax(scale · q kᵀ) v by loops in double, heads packed in the last dimension: the reference.
+Array<double> reference(const Array<double>& q, const Array<double>& k, const Array<double>& v, std::size_t H,
+                        std::size_t Hkv, double scale, bool causal, const MaskArray& allowed = MaskArray()) {
+  const std::size_t B = q.shape()[0], Tq = q.shape()[1], Tk = k.shape()[1], dh = q.shape()[2] / H,
+                    dv = v.shape()[2] / Hkv;
+  Array<double> out = xt::zeros<double>(Shape{B, Tq, H * dv});
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t h = 0; h < H; ++h) {
+      const std::size_t kv = h / (H / Hkv);
+      for (std::size_t i = 0; i < Tq; ++i) {
+        std::vector<double> s(Tk, -std::numeric_limits<double>::infinity());
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::size_t j = 0; j < Tk; ++j) {
+          if (causal && j > Tk - Tq + i) continue;
+          if (allowed.dimension() > 0 && !allowed(b, h, i, j)) continue;
+          double dot = 0;
+          for (std::size_t d = 0; d < dh; ++d) dot += q(b, i, h * dh + d) * k(b, j, kv * dh + d);
+          s[j] = scale * dot;
+          m = std::max(m, s[j]);
+        }
+        if (m == -std::numeric_limits<double>::infinity()) continue;  // no key: zeros
+        double total = 0;
+        for (double& x : s) total += x = std::exp(x - m);
+        for (std::size_t j = 0; j < Tk; ++j)
+          for (std::size_t d = 0; d < dv; ++d) out(b, i, h * dv + d) += s[j] / total * v(b, j, kv * dv + d);
+      }
+    }
+  return out;
+}
+
+Tensor random_input(const Shape& shape, Generator& gen, bool grad = true) {
+  Tensor t = randn(shape, DType::float64, gen);
+  t.requires_grad_(grad);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("scaled_dot_product_attention against hand-computed values") {
+  // One head, two queries, two keys, d = 1. Query 0 scores the keys 1·1 = 1 and 1·0 = 0, so its
+  // weights are e/(1+e) and 1/(1+e) on the values 10 and 20; under the causal mask it sees key 0
+  // only and returns 10. Query 1 (q = 0) scores both keys 0 and returns the mean, 15.
+  const Tensor q = f64(shaped({1, 0}, {1, 2, 1})), k = f64(shaped({1, 0}, {1, 2, 1})), v = f64(shaped({10, 20}, {1, 2, 1}));
+  const double e = std::exp(1.0);
+  check_close(scaled_dot_product_attention(q, k, v, 1, 1, 1.0, false), shaped({10 * e / (1 + e) + 20 / (1 + e), 15}, {1, 2, 1}));
+  check_close(scaled_dot_product_attention(q, k, v, 1, 1, 1.0, true), shaped({10, 15}, {1, 2, 1}));
+  // The scale multiplies the scores: at scale 0 every query averages.
+  check_close(scaled_dot_product_attention(q, k, v, 1, 1, 0.0, false), shaped({15, 15}, {1, 2, 1}));
+}
+
+TEST_CASE("scaled_dot_product_attention equals a loop reference, with heads, GQA, MQA, causal and masks") {
+  Generator gen(3);
+  struct Case {
+    std::size_t Tq, Tk, H, Hkv, dh, dv;
+    bool causal, masked;
+  };
+  for (const Case c : {Case{5, 5, 2, 2, 3, 3, false, false}, Case{5, 5, 4, 2, 3, 2, true, false},
+                       Case{3, 6, 3, 1, 4, 2, true, false}, Case{4, 3, 2, 1, 2, 5, false, true},
+                       Case{6, 6, 4, 4, 1, 1, true, true}}) {
+    INFO("Tq " << c.Tq << " Tk " << c.Tk << " H " << c.H << " Hkv " << c.Hkv << " causal " << c.causal << " masked " << c.masked);
+    const Tensor q = random_input({2, c.Tq, c.H * c.dh}, gen), k = random_input({2, c.Tk, c.Hkv * c.dh}, gen),
+                 v = random_input({2, c.Tk, c.Hkv * c.dv}, gen);
+    MaskArray allowed;
+    if (c.masked) {
+      allowed = xt::ones<bool>(Shape{2, c.H, c.Tq, c.Tk});
+      for (std::size_t j = 0; j < c.Tk; ++j) allowed(1, c.H - 1, 0, j) = false;  // a query that sees nothing
+      allowed(0, 0, 1, 0) = false;
+    }
+    const Tensor y = scaled_dot_product_attention(q, k, v, c.H, c.Hkv, 0.7, c.causal, allowed);
+    check_close(y, reference(q.value<double>(), k.value<double>(), v.value<double>(), c.H, c.Hkv, 0.7, c.causal, allowed));
+    check_gradients([&](const std::vector<Tensor>& x) {
+      return scaled_dot_product_attention(x[0], x[1], x[2], c.H, c.Hkv, 0.7, c.causal, allowed);
+    }, {q, k, v});
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention in float32 matches float64, and a query with no key gives zeros") {
+  Generator gen(4);
+  const Tensor q = random_input({2, 4, 6}, gen, false), k = random_input({2, 4, 6}, gen, false),
+               v = random_input({2, 4, 6}, gen, false);
+  MaskArray allowed = xt::ones<bool>(Shape{2, 2, 4, 4});
+  for (std::size_t j = 0; j < 4; ++j) allowed(0, 1, 2, j) = false;
+  const Tensor y64 = scaled_dot_product_attention(q, k, v, 2, 2, 0.5, true, allowed);
+  const Tensor y32 = scaled_dot_product_attention(q.to(DType::float32), k.to(DType::float32), v.to(DType::float32), 2, 2,
+                                                  0.5, true, allowed);
+  check_close(y32, y64.value<double>(), 1e-5);
+  for (std::size_t d = 3; d < 6; ++d) CHECK(y64.value<double>()(0, 2, d) == 0);  // head 1 of batch 0, query 2
+}
+
+TEST_CASE("scaled_dot_product_attention gives bit-identical results and gradients on 1 and 2 threads") {
+  Generator gen(5);
+  const Tensor q = random_input({3, 16, 32}, gen).to(DType::float32).detach().requires_grad_(),
+               k = random_input({3, 16, 16}, gen).to(DType::float32).detach().requires_grad_(),
+               v = random_input({3, 16, 16}, gen).to(DType::float32).detach().requires_grad_();
+  const Tensor w = randn({3, 16, 32}, DType::float32, gen);
+  std::vector<Array<float>> results;
+  for (std::size_t threads : {1, 2}) {
+    set_num_threads(threads);
+    for (Tensor t : {q, k, v}) t.zero_grad();
+    const Tensor y = scaled_dot_product_attention(q, k, v, 4, 2, 0.25, true);
+    sum(y * w).backward();
+    results.push_back(y.value<float>());
+    for (const Tensor& t : {q, k, v}) results.push_back(t.grad().value<float>());
+  }
+  set_num_threads(1);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(bool(results[i] == results[i + 4]));
+}
+
+TEST_CASE("scaled_dot_product_attention rejects bad shapes, naming them") {
+  const Tensor q = zeros({2, 3, 8}, DType::float64), k = zeros({2, 5, 8}, DType::float64), v = zeros({2, 5, 4}, DType::float64);
+  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, v, 3, 3, 1, false); }),
+             Contains("scaled_dot_product_attention") && Contains("q (2,3,8)") && Contains("3 query heads"));
+  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, v, 4, 3, 1, false); }),
+             Contains("4 heads and 3 kv heads"));
+  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, zeros({2, 5, 4}, DType::float64), v, 2, 2, 1, false); }),
+             Contains("queries have 4 features per head and keys 2"));
+  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, zeros({2, 4, 4}, DType::float64), 2, 2, 1, false); }),
+             Contains("one batch size, and keys and values of one length"));
+  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(k, q, zeros({2, 3, 4}, DType::float64), 2, 2, 1, true); }),
+             Contains("causal mask needs at least as many keys as queries"));
+  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, v, 2, 2, 1, false, MaskArray(xt::ones<bool>(Shape{2, 3, 5}))); }),
+             Contains("mask of shape (2,3,5) must be (B, H, Tq, Tk) = (2,2,3,5)"));
+  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, v.to(DType::float32), 2, 2, 1, false); }),
+             Contains("scaled_dot_product_attention"));
+}
