@@ -50,7 +50,11 @@ def main():
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # PyTorch threads through torch.set_num_threads
     threads = ["--threads", str(args.threads)]
     seconds = ["--seconds", str(args.seconds)]
-    peak = run_json([args.bench, "--peak", *threads, *seconds], env)["gflops"]
+    peak_run = run_json([args.bench, "--peak", *threads, *seconds], env)
+    peak = peak_run["gflops"]
+    # Both sides get the same OpenBLAS kernels: those qkv chose (it replaces OpenBLAS's SSE3
+    # fallback on CPUs that this OpenBLAS does not know).
+    env.setdefault("OPENBLAS_CORETYPE", peak_run["blas"])
     qkv_cmd = [args.bench, *threads, *seconds]
     torch_cmd = [sys.executable, os.path.join(HERE, "torch_bench.py"), *threads, *seconds]
 
@@ -73,7 +77,7 @@ def main():
         rows.append((name, runs["qkv"][0]["params"], med["qkv"], med["torch"]))
 
     print(f"{datetime.date.today().isoformat()}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads, "
-          f"PyTorch {torch_version}; sgemm peak {peak:.0f} GFLOP/s; median of {args.rounds} rounds of "
+          f"PyTorch {torch_version}, OpenBLAS kernels {env['OPENBLAS_CORETYPE']}; sgemm peak {peak:.0f} GFLOP/s; median of {args.rounds} rounds of "
           f"{args.seconds:g} s\n")
     print("| config | params | qkv steps/s | PyTorch steps/s | qkv / PyTorch | qkv GFLOP/s (% peak) "
           "| PyTorch GFLOP/s (% peak) | qkv peak MB | PyTorch peak MB | memory qkv / PyTorch |")

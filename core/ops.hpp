@@ -56,6 +56,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t n_heads,
                                     std::size_t n_kv_heads, double scale, bool causal,
                                     const MaskArray& allowed = MaskArray());
+// Self-attention with q, k and v side by side in one tensor, as one projection makes them:
+// qkv (B, T, H·d_head + Hkv·d_head + Hkv·d_v) -> (B, T, H·d_v). Read in place, no copies.
+Tensor scaled_dot_product_attention(const Tensor& qkv, std::size_t n_heads, std::size_t n_kv_heads, std::size_t d_head,
+                                    std::size_t d_v, double scale, bool causal, const MaskArray& allowed = MaskArray());
 
 // --- shape_ops.cpp
 Tensor reshape(const Tensor& x, const std::vector<std::int64_t>& shape);  // one entry may be -1

@@ -60,8 +60,17 @@ struct SetUpBlas {
 
 thread_local bool in_task = false;
 
-// n − 1 workers plus the caller. Workers spin briefly after a job, since steps issue many small
-// jobs in a row, then sleep.
+// A hint to the CPU inside a spin loop.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// n − 1 workers plus the caller. Workers spin briefly after a job, since a training step issues
+// many small jobs in a row, then sleep.
 class Pool {
  public:
   ~Pool() { resize(1); }
@@ -78,7 +87,10 @@ class Pool {
     for (std::thread& w : workers_) w.join();
     workers_.clear();
     stop_ = false;
-    for (std::size_t i = 1; i < n; ++i) workers_.emplace_back([this] { work(); });
+    // A worker waits for the generation after the one current now: a job posted before the thread
+    // first runs is still its to take part in.
+    const std::uint64_t now = generation_.load();
+    for (std::size_t i = 1; i < n; ++i) workers_.emplace_back([this, now] { work(now); });
   }
 
   void run(std::size_t n, const std::function<void(std::size_t)>& task) {
@@ -94,7 +106,7 @@ class Pool {
     }
     wake_.notify_all();
     drain();
-    while (pending_.load() != 0) std::this_thread::yield();
+    while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
     task_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
@@ -114,11 +126,10 @@ class Pool {
     in_task = false;
   }
 
-  void work() {
-    std::uint64_t seen = generation_.load();
+  void work(std::uint64_t seen) {
     while (true) {
-      // Spin for about 50 µs for the next job, then sleep until one comes.
-      for (int spin = 0; spin < 2000 && generation_.load() == seen; ++spin) std::this_thread::yield();
+      // Spin for up to about 0.2 ms for the next job, then sleep until one comes.
+      for (int spin = 0; spin < 4000 && generation_.load(std::memory_order_acquire) == seen; ++spin) cpu_relax();
       if (generation_.load() == seen) {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return generation_.load() != seen; });

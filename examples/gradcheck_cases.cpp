@@ -294,6 +294,9 @@ std::vector<GradcheckCase> build() {
           return scaled_dot_product_attention(x[0], x[1], x[2], 3, 1, 0.6, false, allowed);
         });
 
+  c.add("scaled_dot_product_attention", "scaled_dot_product_attention packed qkv, GQA, causal", one({2, 4, 4 * 3 + 2 * (3 + 2)}),
+        [](const Inputs& x) { return scaled_dot_product_attention(x[0], 4, 2, 3, 2, 0.6, true); });
+
   add_module_cases(c);
   return std::move(c.cases);
 }

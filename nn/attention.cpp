@@ -95,6 +95,18 @@ MaskArray blocked_keys(const AttentionMask& mask, std::size_t B, std::size_t H, 
   return !ok;
 }
 
+// The fused op's masks: a plain causal mask as a flag, anything else as a full (B, H, Tq, Tk)
+// array of allowed keys.
+struct FusedMask {
+  bool causal;
+  MaskArray allowed;
+};
+FusedMask fused_mask(const AttentionMask& mask, std::size_t B, std::size_t H, std::size_t Tq, std::size_t Tk) {
+  const bool masks = mask.key_padding.dimension() > 0 || mask.allowed.dimension() > 0 || (mask.causal && Tq > Tk);
+  if (!masks) return {mask.causal, MaskArray()};
+  return {false, MaskArray(!blocked_keys(mask, B, H, Tq, Tk))};
+}
+
 // Rows [row0, row0 + rows) of a (out, in) weight, transposed: (in, rows). A copy.
 Tensor rows_transposed(const Tensor& weight, std::size_t row0, std::size_t rows) {
   NoGradGuard no_grad;
@@ -146,6 +158,20 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   check_input("input x", x, o.d_model);
   const Tensor xb = batched(x);
   if (o.proj == Projection::identity) return attend(xb, xb, xb, mask, need_weights, cache, x.dim() == 2);
+  const Linear& k_lin = k_proj ? *k_proj : *q_proj;
+  if (!need_weights && cache == nullptr) {
+    // One GEMM over the stacked weights [W_q; W_k; W_v] makes q, k and v side by side, and one fused
+    // op attends every head reading them in place.
+    const Tensor w = concat({q_proj->weight, k_lin.weight, v_proj->weight}, 0);
+    const Tensor b = o.qkv_bias ? concat({q_proj->bias, k_lin.bias, v_proj->bias}, 0) : Tensor();
+    const FusedMask m = fused_mask(mask, xb.size(0), o.n_heads, xb.size(1), xb.size(1));
+    AttentionResult r;
+    r.output = (*out_proj)(scaled_dot_product_attention(linear(xb, w, b), o.n_heads, o.n_kv_heads, o.d_head, o.d_v,
+                                                        o.scale.value_or(1.0 / std::sqrt(double(o.d_head))), m.causal,
+                                                        m.allowed));
+    if (x.dim() == 2) r.output = unbatched(r.output);
+    return r;
+  }
   const Tensor q = (*q_proj)(xb);
   return attend(q, k_proj ? (*k_proj)(xb) : q, (*v_proj)(xb), mask, need_weights, cache, x.dim() == 2);
 }
@@ -178,15 +204,10 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   const I H = I(o.n_heads), Hkv = I(o.n_kv_heads), G = H / Hkv, dh = I(o.d_head), dv = I(o.d_v);
   const double scale = o.scale.value_or(1.0 / std::sqrt(double(dh)));
   if (!need_weights && cache == nullptr) {
-    // One fused op, on the heads as the projections packed them. A plain causal mask it applies
-    // itself; any other mask it takes as a full (B, H, Tq, Tk) array.
-    const bool masks = mask.key_padding.dimension() > 0 || mask.allowed.dimension() > 0 || (mask.causal && Tq > Tnew);
-    const MaskArray allowed =
-        masks ? MaskArray(!blocked_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tnew)))
-              : MaskArray();
+    // One fused op, on the heads as the projections packed them.
+    const FusedMask m = fused_mask(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tnew));
     AttentionResult r;
-    r.output = (*out_proj)(
-        scaled_dot_product_attention(q, k, v, o.n_heads, o.n_kv_heads, scale, !masks && mask.causal, allowed));
+    r.output = (*out_proj)(scaled_dot_product_attention(q, k, v, o.n_heads, o.n_kv_heads, scale, m.causal, m.allowed));
     if (unbatched_input) r.output = unbatched(r.output);
     return r;
   }

@@ -63,8 +63,9 @@ class MultiHeadAttention : public Module {
  public:
   explicit MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator());
 
-  // Self-attention. Without need_weights and a cache, one fused op (scaled_dot_product_attention)
-  // attends every head in place; otherwise the steps run as separate ops, keeping scores and weights.
+  // Self-attention. Without need_weights and a cache, one GEMM makes q, k and v side by side and one
+  // fused op (scaled_dot_product_attention) attends every head in place; otherwise the steps run as
+  // separate ops, keeping scores and weights.
   // x is (B, T, d_model), or (T, d_model) unbatched (the results then have no B dimension).
   AttentionResult forward(const Tensor& x, const AttentionMask& mask = {}, bool need_weights = false,
                           KVCache* cache = nullptr) const;

@@ -86,6 +86,25 @@ TEST_CASE("scaled_dot_product_attention equals a loop reference, with heads, GQA
   }
 }
 
+TEST_CASE("scaled_dot_product_attention on packed qkv equals it on q, k and v apart") {
+  Generator gen(6);
+  const std::size_t H = 4, Hkv = 2, dh = 3, dv = 2, width = H * dh + Hkv * (dh + dv);
+  const Tensor qkv = random_input({2, 5, width}, gen);
+  const auto part = [&](std::size_t from, std::size_t to) { return slice(qkv, -1, std::int64_t(from), std::int64_t(to)); };
+  const Tensor w = random_input({2, 5, H * dv}, gen, false);
+  const Tensor packed = scaled_dot_product_attention(qkv, H, Hkv, dh, dv, 0.6, true);
+  sum(packed * w).backward();
+  const Array<double> packed_grad = qkv.grad().value<double>();
+  qkv.grad().mutable_value<double>().fill(0);
+  const Tensor apart = scaled_dot_product_attention(part(0, H * dh), part(H * dh, (H + Hkv) * dh), part((H + Hkv) * dh, width),
+                                                    H, Hkv, 0.6, true);
+  check_close(packed, apart.value<double>(), 1e-15);
+  sum(apart * w).backward();
+  check_close(qkv.grad(), packed_grad, 1e-15);
+  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(qkv, H, Hkv, dh, dv + 1, 0.6, true); }),
+             Contains("packed qkv of shape (2,5,22) must be (B, T, H·d_head + Hkv·(d_head + d_v)) = (B, T, 4·3 + 2·(3 + 3))"));
+}
+
 TEST_CASE("scaled_dot_product_attention in float32 matches float64, and a query with no key gives zeros") {
   Generator gen(4);
   const Tensor q = random_input({2, 4, 6}, gen, false), k = random_input({2, 4, 6}, gen, false),
@@ -129,7 +148,7 @@ TEST_CASE("scaled_dot_product_attention rejects bad shapes, naming them") {
   CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, zeros({2, 4, 4}, DType::float64), 2, 2, 1, false); }),
              Contains("one batch size, and keys and values of one length"));
   CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(k, q, zeros({2, 3, 4}, DType::float64), 2, 2, 1, true); }),
-             Contains("causal mask needs at least as many keys as queries"));
+             Contains("5 queries and 3 keys: a causal mask needs at least as many keys as queries"));
   CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, v, 2, 2, 1, false, MaskArray(xt::ones<bool>(Shape{2, 3, 5}))); }),
              Contains("mask of shape (2,3,5) must be (B, H, Tq, Tk) = (2,2,3,5)"));
   CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, v.to(DType::float32), 2, 2, 1, false); }),

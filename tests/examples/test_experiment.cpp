@@ -116,3 +116,29 @@ TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown 
   CHECK_THAT(invalid_argument_message([&] { run_experiment(bad, progress, false); }),
              Contains("experiment: unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal)"));
 }
+
+TEST_CASE("experiment runner: on rps, symmetric scores rank the beater first for at most 2 of 3 queries") {
+  std::ostringstream progress;
+  ExperimentOptions e = tiny("ablations", "ablations");
+  e.seeds = 1;
+  const ExperimentResult r = run_experiment(e, progress, false);
+  REQUIRE(r.runs.size() == 24);
+  std::size_t rps_runs = 0;
+  for (const auto& run : r.runs) {
+    INFO(run.at("labels").dump());
+    if (run.at("task") != "rps") {
+      CHECK_FALSE(run.contains("beater_ranked_first"));
+      continue;
+    }
+    ++rps_runs;
+    const double mean = run.at("beater_ranked_first"), max = run.at("beater_ranked_first_max");
+    CHECK(mean >= 0);
+    CHECK(mean <= max);
+    CHECK(max <= 1);
+    if (run.at("variant") == "tied" || run.at("variant") == "identity") CHECK(max <= 2.0 / 3 + 1e-12);
+  }
+  CHECK(rps_runs == 8);
+  CHECK(r.warnings.empty());
+  CHECK_THAT(r.table, Contains("beater ranked first (3 items) |"));
+  std::filesystem::remove_all(e.out);
+}
