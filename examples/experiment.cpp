@@ -277,15 +277,18 @@ std::string markdown_table(const std::string& name, const Json& runs) {
   std::vector<std::string> header;
   for (const auto& [key, value] : groups[0].labels.items()) header.push_back(key);
   header.insert(header.end(), {"accuracy", "steps to target", "σ init", "σ", "score asymmetry"});
-  std::vector<std::pair<std::string, std::string>> extras;  // (key, header)
+  struct Extra {
+    std::string key, header, format;
+  };
+  std::vector<Extra> extras;
   if (name == "scale")
-    extras = {{"entropy_init", "entropy at init"}, {"max_weight_init", "max weight at init"},
-              {"grad_norm_init", "‖∂L/∂W_q‖ at init"}};
-  if (name == "kv") extras = {{"kv_cache_bytes_per_token", "KV cache bytes/token"}};
+    extras = {{"entropy_init", "entropy at init", "{:.3f}"}, {"max_weight_init", "max weight at init", "{:.3f}"},
+              {"grad_norm_init", "‖∂L/∂W_q‖ at init", "{:.3g}"}};
+  if (name == "kv") extras = {{"kv_cache_bytes_per_token", "KV cache bytes/token", "{:.0f}"}};
   bool rps = false;
   for (const Json& run : runs) rps = rps || run["task"] == "rps";
-  if (rps) extras.push_back({"beater_ranked_first", "beater ranked first (3 items)"});
-  for (const auto& [key, title] : extras) header.push_back(title);
+  if (rps) extras.push_back({"beater_ranked_first", "beater ranked first (3 items)", "{:.3f}"});
+  for (const Extra& x : extras) header.push_back(x.header);
   std::string out = "| " + fmt::format("{}", fmt::join(header, " | ")) + " |\n|";
   for (std::size_t i = 0; i < header.size(); ++i) out += "---|";
   out += "\n";
@@ -300,7 +303,7 @@ std::string markdown_table(const std::string& name, const Json& runs) {
     cells.push_back(mean_sd(column(g, "sigma_init"), "{:.3f}"));
     cells.push_back(mean_sd(column(g, "sigma"), "{:.3f}"));
     cells.push_back(mean_sd(column(g, "score_asymmetry"), "{:.3f}"));
-    for (const auto& [key, title] : extras) cells.push_back(mean_sd(column(g, key.c_str()), "{:.3g}"));
+    for (const Extra& x : extras) cells.push_back(mean_sd(column(g, x.key.c_str()), x.format.c_str()));
     out += "| " + fmt::format("{}", fmt::join(cells, " | ")) + " |\n";
   }
   return out;
@@ -359,7 +362,7 @@ std::vector<std::string> experiment_names() { return {"ablations", "dhead", "sca
 
 ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progress, bool tty) {
   const std::vector<Config> configs = plan(e);
-  const std::size_t seeds = e.seeds ? e.seeds : e.quick ? 1 : 3;
+  const std::size_t seeds = e.seeds ? e.seeds : e.quick ? 1 : 5;
   const std::string out = e.out.empty() ? "runs/experiment-" + e.name : e.out;
   std::filesystem::create_directories(out + "/runs");
   std::ostringstream quiet;

@@ -21,7 +21,7 @@ namespace qkv::examples {
 struct ExperimentOptions {
   std::string name;
   bool quick = false;      // one seed and fewer steps: under 2 minutes
-  std::size_t seeds = 0;   // 0: 3, or 1 with quick
+  std::size_t seeds = 0;   // 0: 5, or 1 with quick
   std::string out;         // "" means runs/experiment-NAME
   std::size_t steps = 0;   // 0: the experiment's own; anything else overrides every run's
   std::size_t eval_batches = 32;  // of 32 held-out sequences, for the final accuracy

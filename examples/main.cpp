@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::IsMember(experiment_names()));
   experiment_cmd->add_flag("--quick", experiment.quick, "One seed and fewer steps: under 2 minutes");
-  experiment_cmd->add_option("--seeds", experiment_seeds, "Seeds per configuration (default 3; 1 with --quick)");
+  experiment_cmd->add_option("--seeds", experiment_seeds, "Seeds per configuration (default 5; 1 with --quick)");
   experiment_cmd->add_option("--out", experiment.out, "Folder for results.json, the chart and the runs");
 
   try {
