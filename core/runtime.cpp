@@ -78,6 +78,7 @@ class Pool {
   std::size_t size() const { return workers_.size() + 1; }
 
   void resize(std::size_t n) {
+    std::lock_guard serial(run_mutex_);  // not while a job runs
     {
       std::lock_guard lock(mutex_);
       stop_ = true;

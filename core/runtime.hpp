@@ -12,7 +12,7 @@
 
 namespace qkv {
 
-void set_num_threads(std::size_t n);  // n ≥ 1
+void set_num_threads(std::size_t n);  // n ≥ 1; waits for a running job; not from inside one
 std::size_t get_num_threads();
 
 // Keeps freed memory in the process for reuse, instead of handing blocks of up to 32 MiB back to
