@@ -25,9 +25,10 @@ namespace {
 constexpr const char* op_name = "scaled_dot_product_attention";
 
 struct Layout {
-  std::size_t B, Tq, Tk, H, Hkv, G, dh, dv;
+  std::size_t B, Tq, Tk, H, Hkv, dh, dv;
   bool causal;
   const bool* allowed;  // (B, H, Tq, Tk) or null
+  std::size_t G() const { return H / Hkv; }  // query heads per kv head
   // Keys [0, limit) may be seen by query i, before the `allowed` mask.
   std::size_t limit(std::size_t i) const { return causal ? std::min(Tk, Tk - Tq + i + 1) : Tk; }
   const bool* allowed_row(std::size_t b, std::size_t h, std::size_t i) const {
@@ -125,7 +126,7 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
     const std::size_t b = task / L.Hkv, kv = task % L.Hkv;
     const T* Kb = K + b * L.Tk * ok.ld + kv * L.dh;
     const T* Vb = V + b * L.Tk * ov.ld + kv * L.dv;
-    for (std::size_t h = kv * L.G; h < (kv + 1) * L.G; ++h) {
+    for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
       T* P = record ? weights->data() + (b * L.H + h) * L.Tq * L.Tk : scratch<T>(L.Tq * L.Tk);
       detail::gemm(false, true, L.Tq, L.Tk, L.dh, scale, Q + b * L.Tq * oq.ld + h * L.dh, oq.ld, Kb, ok.ld, T(0), P, L.Tk);
       softmax_rows(P, L, b, h);
@@ -155,8 +156,8 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
       const std::size_t b = task / L.Hkv, kv = task % L.Hkv;
       const std::size_t k_off = b * L.Tk * ok.ld + kv * L.dh, v_off = b * L.Tk * ov.ld + kv * L.dv;
       T* dS = scratch<T>(L.Tq * L.Tk);
-      for (std::size_t h = kv * L.G; h < (kv + 1) * L.G; ++h) {
-        const T beta = h == kv * L.G ? T(0) : T(1);
+      for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
+        const T beta = h == kv * L.G() ? T(0) : T(1);
         const T* P = weights->data() + (b * L.H + h) * L.Tq * L.Tk;
         const T* dOh = dO + b * L.Tq * ldo + h * L.dv;
         const std::size_t q_off = b * L.Tq * oq.ld + h * L.dh;
@@ -208,7 +209,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   check_heads(n_heads, n_kv_heads);
   if (sq[2] % n_heads != 0 || sk[2] % n_kv_heads != 0 || sv[2] % n_kv_heads != 0)
     fail(op_name, "{}: the last dimensions must split into {} query heads and {} kv heads", shapes(), n_heads, n_kv_heads);
-  const Layout L{sq[0], sq[1], sk[1], n_heads, n_kv_heads, n_heads / n_kv_heads, sq[2] / n_heads, sv[2] / n_kv_heads,
+  const Layout L{sq[0], sq[1], sk[1], n_heads, n_kv_heads, sq[2] / n_heads, sv[2] / n_kv_heads,
                  causal, nullptr};
   if (sk[2] / n_kv_heads != L.dh)
     fail(op_name, "{}: queries have {} features per head and keys {}", shapes(), L.dh, sk[2] / n_kv_heads);
@@ -227,7 +228,7 @@ Tensor scaled_dot_product_attention(const Tensor& qkv, std::size_t n_heads, std:
   if (s.size() != 3 || s[2] != width || d_head == 0 || d_v == 0)
     fail(op_name, "packed qkv of shape {} must be (B, T, H·d_head + Hkv·(d_head + d_v)) = (B, T, {}·{} + {}·({} + {}))",
          to_string(s), n_heads, d_head, n_kv_heads, d_head, d_v);
-  const Layout L{s[0], s[1], s[1], n_heads, n_kv_heads, n_heads / n_kv_heads, d_head, d_v, causal, nullptr};
+  const Layout L{s[0], s[1], s[1], n_heads, n_kv_heads, d_head, d_v, causal, nullptr};
   const Operand op[3] = {{0, width, 0}, {0, width, n_heads * d_head}, {0, width, (n_heads + n_kv_heads) * d_head}};
   return run({qkv}, op, L, scale, allowed);
 }

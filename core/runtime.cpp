@@ -15,8 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "core/detail/blas.hpp"
 
 // OpenBLAS built with DYNAMIC_ARCH (as Debian's is) picks its kernels when it loads. These two
@@ -158,11 +156,6 @@ Pool& pool() {
   return p;
 }
 
-std::size_t& thread_count() {
-  static std::size_t n = 1;
-  return n;
-}
-
 void blas(bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t lda,
           const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
@@ -215,10 +208,9 @@ void set_num_threads(std::size_t n) {
   if (n == 0) throw std::invalid_argument("set_num_threads: the number of threads must be at least 1, got 0");
   openblas_set_num_threads(1);
   if (pool().size() != n) pool().resize(n);
-  thread_count() = n;
 }
 
-std::size_t get_num_threads() { return thread_count(); }
+std::size_t get_num_threads() { return pool().size(); }
 
 void reuse_freed_memory() {
   // Blocks up to 32 MiB (glibc's largest threshold) come from the heap, whose top is never trimmed.

@@ -228,9 +228,9 @@ int main(int argc, char** argv) {
         if (*v <= 0) qkv::fail(name, "must be positive, got {}", *v);
         into = std::size_t(*v);
       };
-      std::size_t blas_threads = 1;
-      positive("--threads", threads, blas_threads);
-      qkv::set_num_threads(blas_threads);
+      std::size_t thread_count = 1;
+      positive("--threads", threads, thread_count);
+      qkv::set_num_threads(thread_count);
       if (resume) {
         for (auto* opt : train_cmd->get_options())
           if (opt->count() > 0 && !opt->check_name("TASK") && !opt->check_name("--out") &&

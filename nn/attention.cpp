@@ -62,8 +62,8 @@ Tensor unbatched(const Tensor& t) {
   return reshape(t, std::vector<std::int64_t>(s.begin() + 1, s.end()));
 }
 
-// Where the scores must be −inf: (B, H, Tq, Tk), true = blocked. Empty when nothing is masked.
-MaskArray blocked_keys(const AttentionMask& mask, std::size_t B, std::size_t H, std::size_t Tq, std::size_t Tk) {
+// Which keys each query may attend: (B, H, Tq, Tk), true = may attend. Empty when nothing is masked.
+MaskArray allowed_keys(const AttentionMask& mask, std::size_t B, std::size_t H, std::size_t Tq, std::size_t Tk) {
   const bool padding = mask.key_padding.dimension() > 0, allowed = mask.allowed.dimension() > 0;
   if (!mask.causal && !padding && !allowed) return MaskArray();
   const Shape full{B, H, Tq, Tk};
@@ -92,7 +92,7 @@ MaskArray blocked_keys(const AttentionMask& mask, std::size_t B, std::size_t H, 
       fail(who, "mask of shape {} does not broadcast to (B, H, Tq, Tk) = {}", to_string(sa), to_string(full));
     ok = ok && xt::broadcast(mask.allowed, full);
   }
-  return !ok;
+  return ok;
 }
 
 // The fused op's masks: a plain causal mask as a flag, anything else as a full (B, H, Tq, Tk)
@@ -104,7 +104,7 @@ struct FusedMask {
 FusedMask fused_mask(const AttentionMask& mask, std::size_t B, std::size_t H, std::size_t Tq, std::size_t Tk) {
   const bool masks = mask.key_padding.dimension() > 0 || mask.allowed.dimension() > 0 || (mask.causal && Tq > Tk);
   if (!masks) return {mask.causal, MaskArray()};
-  return {false, MaskArray(!blocked_keys(mask, B, H, Tq, Tk))};
+  return {false, allowed_keys(mask, B, H, Tq, Tk)};
 }
 
 // Rows [row0, row0 + rows) of a (out, in) weight, transposed: (in, rows). A copy.
@@ -147,6 +147,8 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
   register_module("out_proj", *out_proj);
 }
 
+double MultiHeadAttention::scale() const { return options_.scale.value_or(1.0 / std::sqrt(double(options_.d_head))); }
+
 std::size_t MultiHeadAttention::kv_head_of(std::size_t h) const {
   if (h >= options_.n_heads) fail(who, "head {} out of range for n_heads {}", h, options_.n_heads);
   return h / (options_.n_heads / options_.n_kv_heads);
@@ -167,8 +169,7 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
     const FusedMask m = fused_mask(mask, xb.size(0), o.n_heads, xb.size(1), xb.size(1));
     AttentionResult r;
     r.output = (*out_proj)(scaled_dot_product_attention(linear(xb, w, b), o.n_heads, o.n_kv_heads, o.d_head, o.d_v,
-                                                        o.scale.value_or(1.0 / std::sqrt(double(o.d_head))), m.causal,
-                                                        m.allowed));
+                                                        scale(), m.causal, m.allowed));
     if (x.dim() == 2) r.output = unbatched(r.output);
     return r;
   }
@@ -202,12 +203,11 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   using I = std::int64_t;
   const I B = I(q.size(0)), Tq = I(q.size(1)), Tnew = I(k.size(1));
   const I H = I(o.n_heads), Hkv = I(o.n_kv_heads), G = H / Hkv, dh = I(o.d_head), dv = I(o.d_v);
-  const double scale = o.scale.value_or(1.0 / std::sqrt(double(dh)));
   if (!need_weights && cache == nullptr) {
     // One fused op, on the heads as the projections packed them.
     const FusedMask m = fused_mask(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tnew));
     AttentionResult r;
-    r.output = (*out_proj)(scaled_dot_product_attention(q, k, v, o.n_heads, o.n_kv_heads, scale, m.causal, m.allowed));
+    r.output = (*out_proj)(scaled_dot_product_attention(q, k, v, o.n_heads, o.n_kv_heads, scale(), m.causal, m.allowed));
     if (unbatched_input) r.output = unbatched(r.output);
     return r;
   }
@@ -228,10 +228,10 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
     cache->values = v4;
   }
   const I Tk = I(k4.size(2));
-  Tensor scores = matmul(q5, transpose(reshape(k4, {B, Hkv, 1, Tk, dh}), -1, -2)) * scale;  // (B, Hkv, G, Tq, Tk)
+  Tensor scores = matmul(q5, transpose(reshape(k4, {B, Hkv, 1, Tk, dh}), -1, -2)) * scale();  // (B, Hkv, G, Tq, Tk)
   scores = reshape(scores, {B, H, Tq, Tk});
-  const MaskArray blocked = blocked_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tk));
-  if (blocked.dimension() > 0) scores = masked_fill(scores, blocked, -std::numeric_limits<double>::infinity());
+  const MaskArray allowed = allowed_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tk));
+  if (allowed.dimension() > 0) scores = masked_fill(scores, !allowed, -std::numeric_limits<double>::infinity());
   const Tensor weights = softmax(scores, -1);
   const Tensor heads = reshape(matmul(reshape(weights, {B, Hkv, G, Tq, Tk}), reshape(v4, {B, Hkv, 1, Tk, dv})),
                                {B, H, Tq, dv});

@@ -89,6 +89,7 @@ class MultiHeadAttention : public Module {
   std::unique_ptr<Linear> q_proj, k_proj, v_proj, out_proj;
 
  private:
+  double scale() const;  // options().scale, or 1/√d_head
   AttentionResult attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights, KVCache* cache,
                          bool unbatched) const;
   MultiHeadAttentionOptions options_;

@@ -14,8 +14,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-ExperimentOptions tiny(const std::string& name, const std::string& out) {
-  return {.name = name, .quick = false, .seeds = 2, .out = temp_folder("experiment_" + out), .steps = 4, .eval_batches = 1};
+ExperimentOptions tiny(const std::string& name, const std::string& out, std::size_t seeds = 2) {
+  return {.name = name, .quick = false, .seeds = seeds, .out = temp_folder("experiment_" + out), .steps = 4, .eval_batches = 1};
 }
 
 }  // namespace
@@ -85,8 +85,7 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
 
 TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown name") {
   std::ostringstream progress;
-  ExperimentOptions e = tiny("kv", "kv");
-  e.seeds = 1;
+  const ExperimentOptions e = tiny("kv", "kv", 1);
   const ExperimentResult r = run_experiment(e, progress, false);
   REQUIRE(r.runs.size() == 3);
   // 2 layers × kv_heads × (d_head 8 + d_v 8) × 4 bytes per token.
@@ -96,8 +95,7 @@ TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown 
   CHECK_THAT(r.table, Contains("| induction | MQA | 1 | "));
   std::filesystem::remove_all(e.out);
 
-  ExperimentOptions s = tiny("scale", "scale");
-  s.seeds = 1;
+  const ExperimentOptions s = tiny("scale", "scale", 1);
   const ExperimentResult sr = run_experiment(s, progress, false);
   REQUIRE(sr.runs.size() == 6);
   for (const auto& run : sr.runs) {
@@ -119,8 +117,7 @@ TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown 
 
 TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater on top for at most 2 of 3") {
   std::ostringstream progress;
-  ExperimentOptions e = tiny("ablations", "ablations");
-  e.seeds = 1;
+  const ExperimentOptions e = tiny("ablations", "ablations", 1);
   const ExperimentResult r = run_experiment(e, progress, false);
   REQUIRE(r.runs.size() == 24);
   std::size_t rps_runs = 0;
@@ -142,8 +139,7 @@ TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater
   CHECK_THAT(r.table, Contains("beater scored top (3 items) |"));
   std::filesystem::remove_all(e.out);
 
-  ExperimentOptions d = tiny("dhead", "dhead");
-  d.seeds = 1;
+  const ExperimentOptions d = tiny("dhead", "dhead", 1);
   const ExperimentResult dr = run_experiment(d, progress, false);
   REQUIRE(dr.runs.size() == 8);
   for (const auto& run : dr.runs)
