@@ -1,9 +1,11 @@
 // scaled_dot_product_attention: every head of a batch at once, heads packed in the last dimension.
 // Per batch entry b and head h, with Q, K, V the head's (rows × d) slices read in place:
-//   S = scale · Q Kᵀ,  P = softmax over the keys each query may attend,  O = P V.
+//   S = Q Kᵀ,  P = softmax of scale · S over the keys each query may attend,  O = P V.
 // Backward, from dO:
-//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ⊙ (dP − rowsum(P ⊙ dP)),  dQ = scale · dS K,  dK = scale · dSᵀ Q.
-// It keeps P for backward and nothing else. Work is split across threads by (b, kv head); the
+//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = scale · P ⊙ (dP − rowsum(P ⊙ dP)),  dQ = dS K,  dK = dSᵀ Q.
+// The per-head products are small (a few thousand to a million multiply-adds) and run as kernels
+// libxsmm generated for their sizes (detail::SmallGemm); Kᵀ and Vᵀ are copied once per kv head so
+// that every product is of the kinds it generates. It keeps P for backward and nothing else. Work is split across threads by (b, kv head); the
 // G = H / Hkv query heads that share a kv head run in order on one thread, since their dK and dV
 // add up.
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "core/detail/kernels.hpp"
 #include "core/detail/op.hpp"
 #include "core/ops.hpp"
+#include "core/runtime.hpp"
 
 namespace qkv {
 
@@ -36,29 +39,28 @@ struct Layout {
   }
 };
 
-// Scores in S (Tq × Tk, row-major) become weights in place: softmax over each row's visible keys,
-// exactly zero elsewhere, and a row with no visible key all zero.
+// Rows of S and dS are padded to whole chunks of the row kernels' lanes.
+std::size_t padded(std::size_t n) { return (n + detail::row_lanes - 1) / detail::row_lanes * detail::row_lanes; }
+
+// Raw scores Q Kᵀ in S (Tq rows of ld) become weights in place: softmax of scale · S over the keys
+// each query may see, exactly zero elsewhere, and a row with nothing visible all zero.
 template <class T>
-void softmax_rows(T* S, const Layout& L, std::size_t b, std::size_t h) {
+void softmax_rows(T* S, std::size_t ld, const Layout& L, std::size_t b, std::size_t h, T scale) {
   for (std::size_t i = 0; i < L.Tq; ++i) {
-    T* row = S + i * L.Tk;
+    T* row = S + i * ld;
     const std::size_t n = L.limit(i);
     const bool* ok = L.allowed_row(b, h, i);
     if constexpr (std::is_same_v<T, float>) {
-      if (!ok) {  // the common case, vectorised over whole rows: hidden keys score -inf, weigh 0
-        std::fill(row + n, row + L.Tk, -std::numeric_limits<float>::infinity());
-        const float m = detail::max_of(row, L.Tk);
-        if (m == -std::numeric_limits<float>::infinity()) {
-          std::fill(row, row + L.Tk, 0.0f);
-          continue;
-        }
-        detail::scale_by(row, L.Tk, 1.0f / detail::exp_shifted_sum(row, L.Tk, m));
+      if (!ok) {  // the common case, vectorised
+        detail::softmax_row(row, n, ld, scale);
         continue;
       }
     }
     T m = -std::numeric_limits<T>::infinity();
-    for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t j = 0; j < n; ++j) {
+      row[j] *= scale;
       if (!ok || ok[j]) m = std::max(m, row[j]);
+    }
     if (m == -std::numeric_limits<T>::infinity()) {  // nothing visible (or every score -inf)
       std::fill(row, row + L.Tk, T(0));
       continue;
@@ -75,31 +77,49 @@ void softmax_rows(T* S, const Layout& L, std::size_t b, std::size_t h) {
   }
 }
 
-// dS = P ⊙ (dP − rowsum(P ⊙ dP)) in place of dP, over each row's keys up to the causal limit;
-// zero beyond it. Masked keys have P = 0, so their dS is 0.
+// dS = scale · P ⊙ (dP − rowsum(P ⊙ dP)) in place of dP (rows of ld), over each row's keys up to
+// the causal limit; zero beyond it. Masked keys have P = 0, so their dS is 0.
 template <class T>
-void softmax_backward_rows(const T* P, T* dS, const Layout& L) {
+void softmax_backward_rows(const T* P, T* dS, std::size_t ld, const Layout& L, T scale) {
   for (std::size_t i = 0; i < L.Tq; ++i) {
-    const T* p = P + i * L.Tk;
-    T* d = dS + i * L.Tk;
+    const T* p = P + i * ld;
+    T* d = dS + i * ld;
+    const std::size_t n = L.limit(i);
     if constexpr (std::is_same_v<T, float>) {
-      detail::softmax_backward_row(p, d, L.Tk);  // p is 0 past the limit, so d becomes 0 there
+      detail::softmax_backward_row(p, d, n, ld, scale);
       continue;
     }
-    const std::size_t n = L.limit(i);
     T c = 0;
     for (std::size_t j = 0; j < n; ++j) c += p[j] * d[j];
-    for (std::size_t j = 0; j < n; ++j) d[j] = p[j] * (d[j] - c);
+    for (std::size_t j = 0; j < n; ++j) d[j] = scale * (p[j] * (d[j] - c));
     std::fill(d + n, d + L.Tk, T(0));
   }
 }
 
-// A per-thread scratch matrix, reused across calls.
+// Per-thread scratch, reused across calls.
 template <class T>
 T* scratch(std::size_t n) {
   thread_local std::vector<T> buffer;
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
+}
+
+// dst (cols × rows, contiguous) = srcᵀ, src rows × cols with rows of ld.
+template <class T>
+void transpose(const T* src, std::size_t rows, std::size_t cols, std::size_t ld, T* dst) {
+  for (std::size_t c = 0; c < cols; ++c)
+    for (std::size_t r = 0; r < rows; ++r) dst[c * rows + r] = src[r * ld + c];
+}
+
+// Runs f(b, kv) for every batch entry and kv head, in contiguous runs across the pool's threads:
+// the heads of one batch entry write neighbouring columns of the same rows, and interleaving them
+// between threads would make the threads share cache lines.
+template <class F>
+void for_each_head(const Layout& L, F&& f) {
+  const std::size_t n = L.B * L.Hkv, runs = std::min(n, 4 * get_num_threads());
+  detail::parallel_for(runs, [&](std::size_t r) {
+    for (std::size_t t = r * n / runs; t < (r + 1) * n / runs; ++t) f(t / L.Hkv, t % L.Hkv);
+  });
 }
 
 // Where q, k or v sits: input `tensor` of the op, rows of `ld` elements, the first head at `col`.
@@ -109,28 +129,33 @@ struct Operand {
 
 template <class T>
 Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L, T scale) {
+  using Product = detail::SmallGemm<T>;
   bool any_grad = false;
   for (const Tensor& t : in) any_grad = any_grad || t.requires_grad();
   const bool record = is_grad_enabled() && any_grad;
   const Operand oq = op[0], ok = op[1], ov = op[2];
-  const std::size_t ldo = L.H * L.dv;
+  const std::size_t ldo = L.H * L.dv, ldp = padded(L.Tk);
   Array<T> out = Array<T>::from_shape({L.B, L.Tq, ldo});
-  // The weights of every head when backward needs them; otherwise one scratch matrix per thread.
+  // The weights of every head when backward needs them (rows padded to ldp); otherwise one
+  // scratch matrix per thread.
   auto weights = std::make_shared<Array<T>>();
-  if (record) *weights = Array<T>::from_shape({L.B, L.H, L.Tq, L.Tk});
+  if (record) *weights = Array<T>::from_shape({L.B, L.H, L.Tq, ldp});
   const T* Q = in[oq.tensor].value<T>().data() + oq.col;
   const T* K = in[ok.tensor].value<T>().data() + ok.col;
   const T* V = in[ov.tensor].value<T>().data() + ov.col;
   T* O = out.data();
-  detail::parallel_for(L.B * L.Hkv, [&](std::size_t task) {
-    const std::size_t b = task / L.Hkv, kv = task % L.Hkv;
-    const T* Kb = K + b * L.Tk * ok.ld + kv * L.dh;
+  // S = Q Kᵀ as Q · (Kᵀ copied), then O = P V.
+  const Product scores(false, L.Tq, L.Tk, L.dh, oq.ld, L.Tk, ldp, false);
+  const Product mix(false, L.Tq, L.dv, L.Tk, ldp, ov.ld, ldo, false);
+  for_each_head(L, [&](std::size_t b, std::size_t kv) {
+    T* Kt = scratch<T>(L.dh * L.Tk + (record ? 0 : L.Tq * ldp));
+    transpose(K + b * L.Tk * ok.ld + kv * L.dh, L.Tk, L.dh, ok.ld, Kt);
     const T* Vb = V + b * L.Tk * ov.ld + kv * L.dv;
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
-      T* P = record ? weights->data() + (b * L.H + h) * L.Tq * L.Tk : scratch<T>(L.Tq * L.Tk);
-      detail::gemm(false, true, L.Tq, L.Tk, L.dh, scale, Q + b * L.Tq * oq.ld + h * L.dh, oq.ld, Kb, ok.ld, T(0), P, L.Tk);
-      softmax_rows(P, L, b, h);
-      detail::gemm(false, false, L.Tq, L.dv, L.Tk, T(1), P, L.Tk, Vb, ov.ld, T(0), O + b * L.Tq * ldo + h * L.dv, ldo);
+      T* P = record ? weights->data() + (b * L.H + h) * L.Tq * ldp : Kt + L.dh * L.Tk;
+      scores(Q + b * L.Tq * oq.ld + h * L.dh, Kt, P);
+      softmax_rows(P, ldp, L, b, h, scale);
+      mix(P, Vb, O + b * L.Tq * ldo + h * L.dv);
     }
   });
   if (!record) return Tensor(std::move(out));
@@ -138,13 +163,13 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
   std::vector<const Tensor*> inputs;
   for (const Tensor& t : in) inputs.push_back(&t);
   return record_op<T>(op_name, std::move(out), inputs, [in, oq, ok, ov, L, scale, weights](BackwardContext<T>& ctx) {
-    const std::size_t ldo = L.H * L.dv;
+    const std::size_t ldo = L.H * L.dv, ldp = padded(L.Tk);
     const T* Q = in[oq.tensor].value<T>().data() + oq.col;
     const T* K = in[ok.tensor].value<T>().data() + ok.col;
     const T* V = in[ov.tensor].value<T>().data() + ov.col;
     const T* dO = ctx.grad().data();
-    // One gradient per input; every element is written (beta 0 for a kv head's first query
-    // head), since q, k and v together cover each input.
+    // One gradient per input; every element is written (the first query head of a kv head sets
+    // dK and dV, the others add), since q, k and v together cover each input.
     std::vector<Array<T>> grads(in.size());
     for (std::size_t i = 0; i < in.size(); ++i)
       if (ctx.needs(i)) grads[i] = Array<T>::from_shape(in[i].shape());
@@ -152,21 +177,27 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
     T* dQ = target(oq);
     T* dK = target(ok);
     T* dV = target(ov);
-    detail::parallel_for(L.B * L.Hkv, [&](std::size_t task) {
-      const std::size_t b = task / L.Hkv, kv = task % L.Hkv;
+    // dV = Pᵀ dO, dP = dO · (Vᵀ copied), dQ = dS K, dK = dSᵀ Q; the second product of each pair adds.
+    const Product dv_set(true, L.Tk, L.dv, L.Tq, ldp, ldo, ov.ld, false), dv_add(true, L.Tk, L.dv, L.Tq, ldp, ldo, ov.ld, true);
+    const Product dp(false, L.Tq, L.Tk, L.dv, ldo, L.Tk, ldp, false);
+    const Product dq(false, L.Tq, L.dh, L.Tk, ldp, ok.ld, oq.ld, false);
+    const Product dk_set(true, L.Tk, L.dh, L.Tq, ldp, oq.ld, ok.ld, false), dk_add(true, L.Tk, L.dh, L.Tq, ldp, oq.ld, ok.ld, true);
+    for_each_head(L, [&](std::size_t b, std::size_t kv) {
       const std::size_t k_off = b * L.Tk * ok.ld + kv * L.dh, v_off = b * L.Tk * ov.ld + kv * L.dv;
-      T* dS = scratch<T>(L.Tq * L.Tk);
+      T* dS = scratch<T>(L.Tq * ldp + L.dv * L.Tk);
+      T* Vt = dS + L.Tq * ldp;
+      if (dQ || dK) transpose(V + v_off, L.Tk, L.dv, ov.ld, Vt);
       for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
-        const T beta = h == kv * L.G() ? T(0) : T(1);
-        const T* P = weights->data() + (b * L.H + h) * L.Tq * L.Tk;
+        const bool first = h == kv * L.G();
+        const T* P = weights->data() + (b * L.H + h) * L.Tq * ldp;
         const T* dOh = dO + b * L.Tq * ldo + h * L.dv;
         const std::size_t q_off = b * L.Tq * oq.ld + h * L.dh;
-        if (dV) detail::gemm(true, false, L.Tk, L.dv, L.Tq, T(1), P, L.Tk, dOh, ldo, beta, dV + v_off, ov.ld);
+        if (dV) (first ? dv_set : dv_add)(P, dOh, dV + v_off);
         if (!dQ && !dK) continue;
-        detail::gemm(false, true, L.Tq, L.Tk, L.dv, T(1), dOh, ldo, V + v_off, ov.ld, T(0), dS, L.Tk);
-        softmax_backward_rows(P, dS, L);
-        if (dQ) detail::gemm(false, false, L.Tq, L.dh, L.Tk, scale, dS, L.Tk, K + k_off, ok.ld, T(0), dQ + q_off, oq.ld);
-        if (dK) detail::gemm(true, false, L.Tk, L.dh, L.Tq, scale, dS, L.Tk, Q + q_off, oq.ld, beta, dK + k_off, ok.ld);
+        dp(dOh, Vt, dS);
+        softmax_backward_rows(P, dS, ldp, L, scale);
+        if (dQ) dq(dS, K + k_off, dQ + q_off);
+        if (dK) (first ? dk_set : dk_add)(dS, Q + q_off, dK + k_off);
       }
     });
     for (std::size_t i = 0; i < in.size(); ++i)

@@ -13,6 +13,27 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
 void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, double alpha, const double* A,
           std::size_t lda, const double* B, std::size_t ldb, double beta, double* C, std::size_t ldc);
 
+// One small product shape, run many times (per head, inside attention): row-major
+// C (M×N) = op(A) (M×K) · B (K×N), plus C when `accumulate`, op(A) = Aᵀ when trans_a. It runs a
+// kernel libxsmm generated for this CPU and these sizes when it could make one, and gemm (on the
+// calling thread) otherwise. A call from several threads at once is safe.
+template <class T>
+class SmallGemm {
+ public:
+  SmallGemm(bool trans_a, std::size_t M, std::size_t N, std::size_t K, std::size_t lda, std::size_t ldb,
+            std::size_t ldc, bool accumulate);
+  void operator()(const T* A, const T* B, T* C) const;
+  bool generated() const { return kernel_ != nullptr; }
+
+ private:
+  bool trans_a_, accumulate_;
+  std::size_t M_, N_, K_, lda_, ldb_, ldc_;
+  void (*kernel_)() = nullptr;  // libxsmm's function, type-erased to keep its header out of here
+};
+
+extern template class SmallGemm<float>;
+extern template class SmallGemm<double>;
+
 // Runs task(i) for i in [0, n) on the pool (the calling thread takes part) and returns when all
 // are done; the first exception a task throws is rethrown here. Inside a task, a nested
 // parallel_for runs serially on that thread.

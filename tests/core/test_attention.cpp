@@ -1,6 +1,8 @@
 #include "tests/helpers.hpp"
 
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include "core/runtime.hpp"
 
@@ -116,6 +118,28 @@ TEST_CASE("scaled_dot_product_attention in float32 matches float64, and a query 
                                                   0.5, true, allowed);
   check_close(y32, y64.value<double>(), 1e-5);
   for (std::size_t d = 3; d < 6; ++d) CHECK(y64.value<double>()(0, 2, d) == 0);  // head 1 of batch 0, query 2
+}
+
+TEST_CASE("scaled_dot_product_attention's float32 kernels match float64, values and gradients, on padded rows") {
+  // 19 and 33 keys: rows padded past the keys to whole chunks of 16; causal rows end inside a chunk.
+  for (const auto& [Tq, Tk, causal] : std::vector<std::tuple<std::size_t, std::size_t, bool>>{
+           {19, 19, true}, {19, 33, true}, {19, 33, false}, {16, 16, true}}) {
+    INFO("Tq " << Tq << ", Tk " << Tk << ", causal " << causal);
+    Generator gen(Tq + Tk);
+    const Tensor q = random_input({2, Tq, 12}, gen), k = random_input({2, Tk, 6}, gen), v = random_input({2, Tk, 10}, gen);
+    const Tensor w = randn({2, Tq, 20}, DType::float64, gen);
+    const Tensor y64 = scaled_dot_product_attention(q, k, v, 4, 2, 0.7, causal);
+    check_close(y64, reference(q.value<double>(), k.value<double>(), v.value<double>(), 4, 2, 0.7, causal), 1e-13);
+    sum(y64 * w).backward();
+    const auto as32 = [](const Tensor& t) { return t.to(DType::float32).detach().requires_grad_(); };
+    const Tensor q32 = as32(q), k32 = as32(k), v32 = as32(v);
+    const Tensor y32 = scaled_dot_product_attention(q32, k32, v32, 4, 2, 0.7, causal);
+    sum(y32 * w.to(DType::float32)).backward();
+    check_close(y32, y64.value<double>(), 2e-6);
+    check_close(q32.grad(), q.grad().value<double>(), 1e-5);
+    check_close(k32.grad(), k.grad().value<double>(), 1e-5);
+    check_close(v32.grad(), v.grad().value<double>(), 1e-5);
+  }
 }
 
 TEST_CASE("scaled_dot_product_attention gives bit-identical results and gradients on 1 and 2 threads") {
