@@ -1,5 +1,8 @@
 #include "tests/helpers.hpp"
 
+#include "core/random.hpp"
+#include "core/runtime.hpp"
+
 using namespace qkv;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
@@ -79,6 +82,37 @@ TEST_CASE("linear's gradients: dx = dy W, dW = dyᵀ x, db = Σ dy") {
   check_close(x.grad(), {{3, 8}, {3, 8}});            // (1,2,3) W
   check_close(w.grad(), {{4, 6}, {8, 12}, {12, 18}});  // (1,2,3)ᵀ (Σ rows of x)
   check_close(b.grad(), {2, 4, 6});
+}
+
+TEST_CASE("linear on many rows (blocks, slabs and a short last block) against loops, on 1 and 2 threads") {
+  // 1100 rows: three slabs of 512 rows, the last ending in a block of 12; float64 and float32.
+  Generator gen(11);
+  const std::size_t N = 1100, in = 5, out = 7;
+  const Tensor x64 = randn({N, in}, DType::float64, gen), w64 = randn({out, in}, DType::float64, gen),
+               b64 = randn({out}, DType::float64, gen), g64 = randn({N, out}, DType::float64, gen);
+  const Array<double> X = x64.value<double>(), W = w64.value<double>(), G = g64.value<double>();
+  Array<double> y = reference_matmul(X, xt::transpose(W));
+  for (std::size_t i = 0; i < N; ++i)
+    for (std::size_t o = 0; o < out; ++o) y(i, o) += b64.value<double>()(o);
+  const Array<double> dx = reference_matmul(G, W), dw = reference_matmul(xt::transpose(G), X);
+  Array<double> db = xt::zeros<double>(Shape{out});
+  for (std::size_t i = 0; i < N; ++i)
+    for (std::size_t o = 0; o < out; ++o) db(o) += G(i, o);
+  for (DType dtype : {DType::float64, DType::float32})
+    for (std::size_t threads : {1, 2}) {
+      INFO(dtype_name(dtype) << ", " << threads << " threads");
+      set_num_threads(threads);
+      const double tol = dtype == DType::float64 ? 1e-12 : 2e-5;
+      const Tensor x = x64.to(dtype).detach().requires_grad_(), w = w64.to(dtype).detach().requires_grad_(),
+                   b = b64.to(dtype).detach().requires_grad_();
+      const Tensor out_y = linear(x, w, b);
+      out_y.backward(g64.to(dtype));
+      check_close(out_y, y, tol);
+      check_close(x.grad(), dx, tol);
+      check_close(w.grad(), dw, tol * 10);
+      check_close(b.grad(), db, tol * 10);
+    }
+  set_num_threads(1);
 }
 
 TEST_CASE("linear errors name the shapes") {
