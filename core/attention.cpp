@@ -1,11 +1,12 @@
 // scaled_dot_product_attention: every head of a batch at once, heads packed in the last dimension.
 // Per batch entry b and head h, with Q, K, V the head's (rows × d) slices read in place:
-//   S = Q Kᵀ,  P = softmax of scale · S over the keys each query may attend,  O = P V.
+//   Sᵀ = K Qᵀ,  Pᵀ = softmax of scale · Sᵀ down each query's column of visible keys,  O = P V.
 // Backward, from dO:
-//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = scale · P ⊙ (dP − rowsum(P ⊙ dP)),  dQ = dS K,  dK = dSᵀ Q.
-// The per-head products are small (a few thousand to a million multiply-adds) and run as kernels
-// libxsmm generated for their sizes (detail::SmallGemm); Kᵀ and Vᵀ are copied once per kv head so
-// that every product is of the kinds it generates. It keeps P for backward and nothing else. Work is split across threads by (b, kv head); the
+//   dV = Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = scale · Pᵀ ⊙ (dPᵀ − colsum(Pᵀ ⊙ dPᵀ)),  dQ = dS K,  dK = dSᵀ Q.
+// Scores are transposed so that the softmax runs 16 queries side by side (core/kernels.cpp). The
+// per-head products are small (a few thousand to a million multiply-adds) and run as kernels
+// libxsmm generated for their sizes (detail::SmallGemm); Qᵀ and dOᵀ are copied per head so that
+// every product is of the kinds it generates. It keeps Pᵀ for backward and nothing else. Work is split across threads by (b, kv head); the
 // G = H / Hkv query heads that share a kv head run in order on one thread, since their dK and dV
 // add up.
 #include <algorithm>
@@ -39,60 +40,70 @@ struct Layout {
   }
 };
 
-// Rows of S and dS are padded to whole chunks of the row kernels' lanes.
-std::size_t padded(std::size_t n) { return (n + detail::row_lanes - 1) / detail::row_lanes * detail::row_lanes; }
+// Scores are kept transposed, Sᵀ with one row per key and one column per query, so that the
+// softmax over a query's keys runs down a column, 16 queries side by side. Rows are padded to
+// whole blocks of 16 columns.
+std::size_t padded(std::size_t n) { return (n + detail::softmax_lanes - 1) / detail::softmax_lanes * detail::softmax_lanes; }
 
-// Raw scores Q Kᵀ in S (Tq rows of ld) become weights in place: softmax of scale · S over the keys
-// each query may see, exactly zero elsewhere, and a row with nothing visible all zero.
+// The causal limits of queries [i0, i0 + 16); 0 for the padding past Tq.
+void limits_of(const Layout& L, std::size_t i0, std::int32_t* limits) {
+  for (std::size_t c = 0; c < detail::softmax_lanes; ++c)
+    limits[c] = i0 + c < L.Tq ? std::int32_t(L.limit(i0 + c)) : 0;
+}
+
+// Raw scores Sᵀ = K Qᵀ (Tk rows of ld) become weights Pᵀ in place: each query's column the
+// softmax of scale · its scores over the keys it may see, exactly zero elsewhere, and all zero
+// when it sees nothing.
 template <class T>
-void softmax_rows(T* S, std::size_t ld, const Layout& L, std::size_t b, std::size_t h, T scale) {
+void softmax_columns(T* S, std::size_t ld, const Layout& L, std::size_t b, std::size_t h, T scale) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!L.allowed) {  // the common case, vectorised
+      std::int32_t limits[detail::softmax_lanes];
+      for (std::size_t i0 = 0; i0 < L.Tq; i0 += detail::softmax_lanes) {
+        limits_of(L, i0, limits);
+        detail::softmax_columns(S + i0, ld, L.Tk, limits, scale);
+      }
+      return;
+    }
+  }
   for (std::size_t i = 0; i < L.Tq; ++i) {
-    T* row = S + i * ld;
     const std::size_t n = L.limit(i);
     const bool* ok = L.allowed_row(b, h, i);
-    if constexpr (std::is_same_v<T, float>) {
-      if (!ok) {  // the common case, vectorised
-        detail::softmax_row(row, n, ld, scale);
-        continue;
-      }
-    }
     T m = -std::numeric_limits<T>::infinity();
     for (std::size_t j = 0; j < n; ++j) {
-      row[j] *= scale;
-      if (!ok || ok[j]) m = std::max(m, row[j]);
-    }
-    if (m == -std::numeric_limits<T>::infinity()) {  // nothing visible (or every score -inf)
-      std::fill(row, row + L.Tk, T(0));
-      continue;
+      S[j * ld + i] *= scale;
+      if (!ok || ok[j]) m = std::max(m, S[j * ld + i]);
     }
     T total = 0;
     for (std::size_t j = 0; j < n; ++j) {
-      const T e = (!ok || ok[j]) ? std::exp(row[j] - m) : T(0);
-      row[j] = e;
+      const T e = (m != -std::numeric_limits<T>::infinity() && (!ok || ok[j])) ? std::exp(S[j * ld + i] - m) : T(0);
+      S[j * ld + i] = e;
       total += e;
     }
-    const T inv = T(1) / total;
-    for (std::size_t j = 0; j < n; ++j) row[j] *= inv;
-    std::fill(row + n, row + L.Tk, T(0));
+    const T inv = total > 0 ? T(1) / total : T(0);  // nothing visible (or every score -inf): zeros
+    for (std::size_t j = 0; j < n; ++j) S[j * ld + i] *= inv;
+    for (std::size_t j = n; j < L.Tk; ++j) S[j * ld + i] = T(0);
   }
 }
 
-// dS = scale · P ⊙ (dP − rowsum(P ⊙ dP)) in place of dP (rows of ld), over each row's keys up to
-// the causal limit; zero beyond it. Masked keys have P = 0, so their dS is 0.
+// dSᵀ = scale · Pᵀ ⊙ (dPᵀ − colsum(Pᵀ ⊙ dPᵀ)) in place of dPᵀ, over each query's keys up to the
+// causal limit; zero beyond it. Masked keys have P = 0, so their dS is 0.
 template <class T>
-void softmax_backward_rows(const T* P, T* dS, std::size_t ld, const Layout& L, T scale) {
-  for (std::size_t i = 0; i < L.Tq; ++i) {
-    const T* p = P + i * ld;
-    T* d = dS + i * ld;
-    const std::size_t n = L.limit(i);
-    if constexpr (std::is_same_v<T, float>) {
-      detail::softmax_backward_row(p, d, n, ld, scale);
-      continue;
+void softmax_backward_columns(const T* P, T* dS, std::size_t ld, const Layout& L, T scale) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::int32_t limits[detail::softmax_lanes];
+    for (std::size_t i0 = 0; i0 < L.Tq; i0 += detail::softmax_lanes) {
+      limits_of(L, i0, limits);
+      detail::softmax_backward_columns(P + i0, dS + i0, ld, L.Tk, limits, scale);
     }
+    return;
+  }
+  for (std::size_t i = 0; i < L.Tq; ++i) {
+    const std::size_t n = L.limit(i);
     T c = 0;
-    for (std::size_t j = 0; j < n; ++j) c += p[j] * d[j];
-    for (std::size_t j = 0; j < n; ++j) d[j] = scale * (p[j] * (d[j] - c));
-    std::fill(d + n, d + L.Tk, T(0));
+    for (std::size_t j = 0; j < n; ++j) c += P[j * ld + i] * dS[j * ld + i];
+    for (std::size_t j = 0; j < n; ++j) dS[j * ld + i] = scale * (P[j * ld + i] * (dS[j * ld + i] - c));
+    for (std::size_t j = n; j < L.Tk; ++j) dS[j * ld + i] = T(0);
   }
 }
 
@@ -116,7 +127,7 @@ void transpose(const T* src, std::size_t rows, std::size_t cols, std::size_t ld,
 // between threads would make the threads share cache lines.
 template <class F>
 void for_each_head(const Layout& L, F&& f) {
-  const std::size_t n = L.B * L.Hkv, runs = std::min(n, 4 * get_num_threads());
+  const std::size_t n = L.B * L.Hkv, runs = std::min(n, 16 * get_num_threads());
   detail::parallel_for(runs, [&](std::size_t r) {
     for (std::size_t t = r * n / runs; t < (r + 1) * n / runs; ++t) f(t / L.Hkv, t % L.Hkv);
   });
@@ -134,27 +145,26 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
   for (const Tensor& t : in) any_grad = any_grad || t.requires_grad();
   const bool record = is_grad_enabled() && any_grad;
   const Operand oq = op[0], ok = op[1], ov = op[2];
-  const std::size_t ldo = L.H * L.dv, ldp = padded(L.Tk);
+  const std::size_t ldo = L.H * L.dv, ldq = padded(L.Tq);
   Array<T> out = Array<T>::from_shape({L.B, L.Tq, ldo});
-  // The weights of every head when backward needs them (rows padded to ldp); otherwise one
-  // scratch matrix per thread.
+  // The weights Pᵀ of every head when backward needs them; otherwise one scratch matrix per thread.
   auto weights = std::make_shared<Array<T>>();
-  if (record) *weights = Array<T>::from_shape({L.B, L.H, L.Tq, ldp});
+  if (record) *weights = Array<T>::from_shape({L.B, L.H, L.Tk, ldq});
   const T* Q = in[oq.tensor].value<T>().data() + oq.col;
   const T* K = in[ok.tensor].value<T>().data() + ok.col;
   const T* V = in[ov.tensor].value<T>().data() + ov.col;
   T* O = out.data();
-  // S = Q Kᵀ as Q · (Kᵀ copied), then O = P V.
-  const Product scores(false, L.Tq, L.Tk, L.dh, oq.ld, L.Tk, ldp, false);
-  const Product mix(false, L.Tq, L.dv, L.Tk, ldp, ov.ld, ldo, false);
+  const Product scores(false, L.Tk, L.Tq, L.dh, ok.ld, L.Tq, ldq, false);  // Sᵀ = K · (Qᵀ copied)
+  const Product mix(true, L.Tq, L.dv, L.Tk, ldq, ov.ld, ldo, false);      // O = (Pᵀ)ᵀ V
   for_each_head(L, [&](std::size_t b, std::size_t kv) {
-    T* Kt = scratch<T>(L.dh * L.Tk + (record ? 0 : L.Tq * ldp));
-    transpose(K + b * L.Tk * ok.ld + kv * L.dh, L.Tk, L.dh, ok.ld, Kt);
+    T* Qt = scratch<T>(L.dh * L.Tq + (record ? 0 : L.Tk * ldq));
+    const T* Kb = K + b * L.Tk * ok.ld + kv * L.dh;
     const T* Vb = V + b * L.Tk * ov.ld + kv * L.dv;
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
-      T* P = record ? weights->data() + (b * L.H + h) * L.Tq * ldp : Kt + L.dh * L.Tk;
-      scores(Q + b * L.Tq * oq.ld + h * L.dh, Kt, P);
-      softmax_rows(P, ldp, L, b, h, scale);
+      T* P = record ? weights->data() + (b * L.H + h) * L.Tk * ldq : Qt + L.dh * L.Tq;
+      transpose(Q + b * L.Tq * oq.ld + h * L.dh, L.Tq, L.dh, oq.ld, Qt);
+      scores(Kb, Qt, P);
+      softmax_columns(P, ldq, L, b, h, scale);
       mix(P, Vb, O + b * L.Tq * ldo + h * L.dv);
     }
   });
@@ -163,7 +173,7 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
   std::vector<const Tensor*> inputs;
   for (const Tensor& t : in) inputs.push_back(&t);
   return record_op<T>(op_name, std::move(out), inputs, [in, oq, ok, ov, L, scale, weights](BackwardContext<T>& ctx) {
-    const std::size_t ldo = L.H * L.dv, ldp = padded(L.Tk);
+    const std::size_t ldo = L.H * L.dv, ldq = padded(L.Tq);
     const T* Q = in[oq.tensor].value<T>().data() + oq.col;
     const T* K = in[ok.tensor].value<T>().data() + ok.col;
     const T* V = in[ov.tensor].value<T>().data() + ov.col;
@@ -177,25 +187,25 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
     T* dQ = target(oq);
     T* dK = target(ok);
     T* dV = target(ov);
-    // dV = Pᵀ dO, dP = dO · (Vᵀ copied), dQ = dS K, dK = dSᵀ Q; the second product of each pair adds.
-    const Product dv_set(true, L.Tk, L.dv, L.Tq, ldp, ldo, ov.ld, false), dv_add(true, L.Tk, L.dv, L.Tq, ldp, ldo, ov.ld, true);
-    const Product dp(false, L.Tq, L.Tk, L.dv, ldo, L.Tk, ldp, false);
-    const Product dq(false, L.Tq, L.dh, L.Tk, ldp, ok.ld, oq.ld, false);
-    const Product dk_set(true, L.Tk, L.dh, L.Tq, ldp, oq.ld, ok.ld, false), dk_add(true, L.Tk, L.dh, L.Tq, ldp, oq.ld, ok.ld, true);
+    // dV = Pᵀ dO, dPᵀ = V · (dOᵀ copied), dQ = (dSᵀ)ᵀ K, dK = dSᵀ Q; of each pair, the second adds.
+    const Product dv_set(false, L.Tk, L.dv, L.Tq, ldq, ldo, ov.ld, false), dv_add(false, L.Tk, L.dv, L.Tq, ldq, ldo, ov.ld, true);
+    const Product dp(false, L.Tk, L.Tq, L.dv, ov.ld, L.Tq, ldq, false);
+    const Product dq(true, L.Tq, L.dh, L.Tk, ldq, ok.ld, oq.ld, false);
+    const Product dk_set(false, L.Tk, L.dh, L.Tq, ldq, oq.ld, ok.ld, false), dk_add(false, L.Tk, L.dh, L.Tq, ldq, oq.ld, ok.ld, true);
     for_each_head(L, [&](std::size_t b, std::size_t kv) {
       const std::size_t k_off = b * L.Tk * ok.ld + kv * L.dh, v_off = b * L.Tk * ov.ld + kv * L.dv;
-      T* dS = scratch<T>(L.Tq * ldp + L.dv * L.Tk);
-      T* Vt = dS + L.Tq * ldp;
-      if (dQ || dK) transpose(V + v_off, L.Tk, L.dv, ov.ld, Vt);
+      T* dS = scratch<T>(L.Tk * ldq + L.dv * L.Tq);
+      T* dOt = dS + L.Tk * ldq;
       for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
         const bool first = h == kv * L.G();
-        const T* P = weights->data() + (b * L.H + h) * L.Tq * ldp;
+        const T* P = weights->data() + (b * L.H + h) * L.Tk * ldq;
         const T* dOh = dO + b * L.Tq * ldo + h * L.dv;
         const std::size_t q_off = b * L.Tq * oq.ld + h * L.dh;
         if (dV) (first ? dv_set : dv_add)(P, dOh, dV + v_off);
         if (!dQ && !dK) continue;
-        dp(dOh, Vt, dS);
-        softmax_backward_rows(P, dS, ldp, L, scale);
+        transpose(dOh, L.Tq, L.dv, ldo, dOt);
+        dp(V + v_off, dOt, dS);
+        softmax_backward_columns(P, dS, ldq, L, scale);
         if (dQ) dq(dS, K + k_off, dQ + q_off);
         if (dK) (first ? dk_set : dk_add)(dS, Q + q_off, dK + k_off);
       }

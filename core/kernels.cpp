@@ -1,6 +1,6 @@
-// Vectorised float32 row loops; see core/detail/kernels.hpp. Written with GCC's vector extensions
-// (which Clang shares), compiled once for each target of target_clones. This file is compiled with -ffp-contract=off:
-// no multiply-add is fused, so every version computes the same bits.
+// Vectorised float32 loops; see core/detail/kernels.hpp. Written with GCC's vector extensions
+// (which Clang shares), compiled once for each target of target_clones. This file is compiled
+// with -ffp-contract=off: no multiply-add is fused, so every version computes the same bits.
 #include "core/detail/kernels.hpp"
 
 #include <algorithm>
@@ -18,7 +18,7 @@ namespace {
 
 // 16 floats (or ints) as one value: GCC lowers each operation to one AVX-512 instruction, two AVX2
 // ones or four SSE ones, with IEEE results lane by lane in every case.
-constexpr std::size_t lanes = row_lanes;
+constexpr std::size_t lanes = softmax_lanes;
 using Floats = float __attribute__((vector_size(4 * lanes)));
 using Ints = std::int32_t __attribute__((vector_size(4 * lanes)));
 
@@ -31,33 +31,6 @@ QKV_INLINE void store(float* p, Floats v) { std::memcpy(p, &v, sizeof v); }
 QKV_INLINE Floats splat(float x) { return Floats{} + x; }
 QKV_INLINE Floats select(Ints mask, Floats a, Floats b) { return mask ? a : b; }
 QKV_INLINE Floats max(Floats a, Floats b) { return select(a > b, a, b); }
-
-// Lanes [0, n − first) of the chunk that starts at element `first`.
-QKV_INLINE Ints visible(std::size_t first, std::size_t n) {
-  const Ints lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  return lane < Ints{} + std::int32_t(std::min<std::size_t>(n - std::min(first, n), lanes));
-}
-
-// Sum and maximum over the lanes, pairwise (lane k with k + 8, then k + 4, ...): a fixed order.
-QKV_INLINE Floats fold(Floats v, const Ints& half) { return __builtin_shuffle(v, half); }
-constexpr Ints by8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-constexpr Ints by4 = {4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15};
-constexpr Ints by2 = {2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-constexpr Ints by1 = {1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-QKV_INLINE float lane_sum(Floats v) {
-  v += fold(v, by8);
-  v += fold(v, by4);
-  v += fold(v, by2);
-  v += fold(v, by1);
-  return v[0];
-}
-QKV_INLINE float lane_max(Floats v) {
-  v = max(v, fold(v, by8));
-  v = max(v, fold(v, by4));
-  v = max(v, fold(v, by2));
-  v = max(v, fold(v, by1));
-  return v[0];
-}
 
 // e^x as Cephes' expf computes it: x = n·ln 2 + r with |r| ≤ ln 2 / 2, e^r by a degree-7
 // polynomial, then 2^n put into the exponent bits. Relative error below 2 ulp over [−87.3, 88];
@@ -82,45 +55,46 @@ QKV_INLINE Floats exp_approx(Floats x) {
   return select(underflow, splat(0.0f), p * scale);
 }
 
-// The end of the chunks that hold entries [0, n).
-QKV_INLINE std::size_t used(std::size_t n) { return (n + lanes - 1) / lanes * lanes; }
-
 }  // namespace
 
-QKV_CLONES void softmax_row(float* x, std::size_t n, std::size_t width, float scale) {
+QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale) {
   const float inf = std::numeric_limits<float>::infinity();
-  const std::size_t end = used(n);
+  Ints n;
+  std::memcpy(&n, limits, sizeof n);
+  const std::size_t used = std::min<std::size_t>(rows, std::size_t(std::max(0, *std::max_element(limits, limits + lanes))));
   Floats m = splat(-inf);
-  for (std::size_t j = 0; j < end; j += lanes) {
-    const Floats s = select(visible(j, n), load(x + j) * scale, splat(-inf));
-    store(x + j, s);
-    m = max(m, s);
+  for (std::size_t j = 0; j < used; ++j) {
+    const Floats v = select(Ints{} + std::int32_t(j) < n, load(s + j * ld) * scale, splat(-inf));
+    store(s + j * ld, v);
+    m = max(m, v);
   }
-  const float top = lane_max(m);
-  if (top == -inf) {  // nothing visible, or every visible score -inf
-    std::fill(x, x + width, 0.0f);
-    return;
-  }
+  // A column with nothing visible, or only scores of -inf, has m = -inf: shifting by 0 makes its
+  // entries e^-inf = 0, and its total 0 makes it all 0.
+  const Floats shift = select(m == splat(-inf), splat(0.0f), m);
   Floats total = {};
-  for (std::size_t j = 0; j < end; j += lanes) {
-    const Floats e = exp_approx(load(x + j) - top);  // exactly 0 for hidden entries (-inf)
-    store(x + j, e);
+  for (std::size_t j = 0; j < used; ++j) {
+    const Floats e = exp_approx(load(s + j * ld) - shift);
+    store(s + j * ld, e);
     total += e;
   }
-  const float inv = 1.0f / lane_sum(total);
-  for (std::size_t j = 0; j < end; j += lanes) store(x + j, load(x + j) * inv);
-  std::fill(x + end, x + width, 0.0f);
+  const Floats inv = select(total > splat(0.0f), 1.0f / total, splat(0.0f));
+  for (std::size_t j = 0; j < used; ++j) store(s + j * ld, load(s + j * ld) * inv);
+  for (std::size_t j = used; j < rows; ++j) store(s + j * ld, splat(0.0f));
 }
 
-QKV_CLONES void softmax_backward_row(const float* p, float* d, std::size_t n, std::size_t width, float scale) {
-  const std::size_t end = used(n);
-  Floats acc = {};
-  for (std::size_t j = 0; j < end; j += lanes)  // past n, d may hold anything
-    acc += select(visible(j, n), load(p + j) * load(d + j), splat(0.0f));
-  const float c = lane_sum(acc);
-  for (std::size_t j = 0; j < end; j += lanes)
-    store(d + j, select(visible(j, n), (load(p + j) * (load(d + j) - c)) * scale, splat(0.0f)));
-  std::fill(d + end, d + width, 0.0f);
+QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows,
+                                         const std::int32_t* limits, float scale) {
+  Ints n;
+  std::memcpy(&n, limits, sizeof n);
+  const std::size_t used = std::min<std::size_t>(rows, std::size_t(std::max(0, *std::max_element(limits, limits + lanes))));
+  Floats c = {};
+  for (std::size_t j = 0; j < used; ++j)  // past a column's limit, d may hold anything
+    c += select(Ints{} + std::int32_t(j) < n, load(p + j * ld) * load(d + j * ld), splat(0.0f));
+  for (std::size_t j = 0; j < used; ++j) {
+    const Floats g = (load(p + j * ld) * (load(d + j * ld) - c)) * scale;
+    store(d + j * ld, select(Ints{} + std::int32_t(j) < n, g, splat(0.0f)));
+  }
+  for (std::size_t j = used; j < rows; ++j) store(d + j * ld, splat(0.0f));
 }
 
 float vector_exp(float x) { return exp_approx(splat(x))[0]; }

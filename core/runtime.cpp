@@ -71,7 +71,9 @@ inline void cpu_relax() {
 }
 
 // n − 1 workers plus the caller. Workers spin briefly after a job, since a training step issues
-// many small jobs in a row, then sleep.
+// many small jobs in a row, then sleep. A job is open from when it is posted until the caller has
+// run out of tasks to claim; a worker takes part only if it joins while the job is open, so the
+// caller never waits for a worker that was slow to wake, only for those still running a task.
 class Pool {
  public:
   ~Pool() { resize(1); }
@@ -97,23 +99,29 @@ class Pool {
 
   void run(std::size_t n, const std::function<void(std::size_t)>& task) {
     std::lock_guard serial(run_mutex_);  // one job at a time, from any thread
+    task_ = &task;
+    n_ = n;
+    next_.store(0);
+    error_ = nullptr;
     {
       std::lock_guard lock(mutex_);
-      task_ = &task;
-      n_ = n;
-      next_.store(0);
-      pending_.store(workers_.size());
-      error_ = nullptr;
-      generation_.fetch_add(1);
+      const std::uint64_t generation = generation_.load() + 1;
+      job_.store(generation << 32 | open, std::memory_order_release);
+      generation_.store(generation, std::memory_order_release);
     }
     wake_.notify_all();
     drain();
-    while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+    job_.fetch_and(~open);  // no worker joins from here on
+    while ((job_.load(std::memory_order_acquire) & inside) != 0) cpu_relax();
     task_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
 
  private:
+  // job_: the generation of the current job in the high 32 bits, then the open flag, then the
+  // number of workers inside it.
+  static constexpr std::uint64_t open = std::uint64_t(1) << 31, inside = open - 1;
+
   void drain() {
     in_task = true;
     for (std::size_t i; (i = next_.fetch_add(1)) < n_;) {
@@ -128,6 +136,14 @@ class Pool {
     in_task = false;
   }
 
+  // Joins job `generation` if it is still open.
+  bool join(std::uint64_t generation) {
+    std::uint64_t j = job_.load(std::memory_order_acquire);
+    while ((j >> 32) == (generation & 0xffffffff) && (j & open) != 0)
+      if (job_.compare_exchange_weak(j, j + 1, std::memory_order_acq_rel)) return true;
+    return false;
+  }
+
   void work(std::uint64_t seen) {
     while (true) {
       // Spin for up to about 0.2 ms for the next job, then sleep until one comes.
@@ -138,19 +154,20 @@ class Pool {
       }
       seen = generation_.load();
       if (stop_) return;
+      if (!join(seen)) continue;
       drain();
-      pending_.fetch_sub(1);
+      job_.fetch_sub(1, std::memory_order_release);
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex mutex_, run_mutex_, error_mutex_;
   std::condition_variable wake_;
-  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<std::uint64_t> generation_{0}, job_{0};
   std::atomic<bool> stop_{false};
   const std::function<void(std::size_t)>* task_ = nullptr;
   std::size_t n_ = 0;
-  std::atomic<std::size_t> next_{0}, pending_{0};
+  std::atomic<std::size_t> next_{0};
   std::exception_ptr error_;
 };
 

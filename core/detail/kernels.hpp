@@ -1,26 +1,26 @@
 #pragma once
-// Vectorised float32 loops for the rows of attention. Each is compiled for AVX-512, AVX2 and the
-// x86-64 baseline, and the CPU picks one when the program loads (target_clones). Sums and maxima
-// run in 16 fixed lanes reduced pairwise, and no multiply-add is fused, so every version computes
-// the same bits.
-//
-// A row is `width` floats, a multiple of row_lanes, of which the first n are visible; the kernels
-// read and write whole chunks of row_lanes up to the one that holds entry n − 1, and only zero
-// the rest.
+// Vectorised float32 loops for attention's softmax, over blocks of 16 query columns of transposed
+// scores Sᵀ (one row per key): every operation is between whole rows of 16, with no sum or maximum
+// across lanes. Each is compiled for AVX-512, AVX2 and the x86-64 baseline, and the CPU picks one
+// when the program loads (target_clones). No multiply-add is fused, so every version computes the
+// same bits.
 #include <cstddef>
+#include <cstdint>
 
 namespace qkv::detail {
 
-constexpr std::size_t row_lanes = 16;
+constexpr std::size_t softmax_lanes = 16;
 
-// The row's softmax in place: x[j] = e^(s_j − max s) / Σ e^(s_k − max s) with s = scale · x over
-// j < n, and x[j] = 0 from n on. A row with nothing visible, or only scores of −inf, becomes 0.
-void softmax_row(float* x, std::size_t n, std::size_t width, float scale);
-// Softmax backward in place of d, for p a row softmax_row made (0 from n on):
-// d[j] = scale · p[j] · (d[j] − Σ_k p[k] d[k]) for j < n, and 0 from n on.
-void softmax_backward_row(const float* p, float* d, std::size_t n, std::size_t width, float scale);
+// Column c of the block (s[j·ld + c] for j < rows) sees its first limits[c] entries. Each column
+// becomes the softmax of scale · its visible entries, 0 elsewhere; a column with nothing visible,
+// or only scores of −inf, becomes 0. Entries past a column's limit are read but never used.
+void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale);
+// Softmax backward in place of d, for p a block softmax_columns made (same ld and limits):
+// d[j, c] = scale · p[j, c] · (d[j, c] − Σ_k p[k, c] d[k, c]) over visible entries, 0 elsewhere.
+void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows, const std::int32_t* limits,
+                              float scale);
 
-// e^x as softmax_row computes it: within 2 ulp over [−87.3, 88], 0 below (−inf included).
+// e^x as softmax_columns computes it: within 2 ulp over [−87.3, 88], 0 below (−inf included).
 float vector_exp(float x);
 
 }  // namespace qkv::detail

@@ -25,47 +25,61 @@ TEST_CASE("the vectorised exp is within 2 ulp of the correctly rounded e^x, 0 be
   CHECK(detail::vector_exp(0) == 1);
 }
 
-// Rows of `width` (a multiple of the kernels' 16 lanes) with n visible entries, against double loops.
-TEST_CASE("the softmax row kernels against plain loops, on lengths around the 16 lanes") {
+// A block of 16 columns, one per query, in rows of ld = 19 (past the block: must stay untouched),
+// with limits from 0 to 33 around the 16 lanes, against double loops.
+TEST_CASE("the softmax column kernels against plain loops, with every limit from 0 to 33") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (std::size_t n : {0, 1, 7, 16, 17, 33}) {
-    const std::size_t width = 48;
-    const float scale = 0.7f;
-    INFO("n = " << n);
-    std::vector<float> x(width, nan), p(width, 0.0f), d(width, nan);  // NaN past n must not leak
+  const std::size_t rows = 40, ld = 19, lanes = detail::softmax_lanes;
+  const float scale = 0.7f;
+  const std::int32_t limits[16] = {0, 1, 2, 7, 15, 16, 17, 20, 31, 32, 33, 5, 9, 0, 12, 3};
+  std::vector<float> x(rows * ld, nan), p(rows * ld, 0.0f), d(rows * ld, nan);  // NaN past a limit must not leak
+  for (std::size_t c = 0; c < lanes; ++c) {
+    const std::size_t n = std::size_t(limits[c]);
     for (std::size_t j = 0; j < n; ++j) {
-      x[j] = float(std::sin(1.3 * double(j)) * 4);
-      p[j] = float(j + 1) / float(n * (n + 1) / 2);  // sums to 1
-      d[j] = float(std::cos(0.7 * double(j)));
+      x[j * ld + c] = float(std::sin(1.3 * double(j) + double(c)) * 4);
+      p[j * ld + c] = float(j + 1) / float(n * (n + 1) / 2);  // sums to 1
+      d[j * ld + c] = float(std::cos(0.7 * double(j) - double(c)));
     }
-    double max = -INFINITY, total = 0, c = 0;
-    for (std::size_t j = 0; j < n; ++j) max = std::max(max, scale * double(x[j]));
-    for (std::size_t j = 0; j < n; ++j) total += std::exp(scale * double(x[j]) - max);
-    std::vector<float> e = x;
-    detail::softmax_row(e.data(), n, width, scale);
-    for (std::size_t j = 0; j < n; ++j) CHECK(e[j] == Approx(std::exp(scale * double(x[j]) - max) / total).epsilon(1e-6));
-    for (std::size_t j = n; j < width; ++j) CHECK(e[j] == 0.0f);
-
-    for (std::size_t j = 0; j < n; ++j) c += double(p[j]) * d[j];
-    std::vector<float> g = d;
-    detail::softmax_backward_row(p.data(), g.data(), n, width, scale);
-    for (std::size_t j = 0; j < n; ++j) CHECK(g[j] == Approx(scale * p[j] * (d[j] - c)).margin(1e-6));
-    for (std::size_t j = n; j < width; ++j) CHECK(g[j] == 0.0f);
   }
+  std::vector<float> e = x, g = d;
+  detail::softmax_columns(e.data(), ld, rows, limits, scale);
+  detail::softmax_backward_columns(p.data(), g.data(), ld, rows, limits, scale);
+  for (std::size_t c = 0; c < lanes; ++c) {
+    const std::size_t n = std::size_t(limits[c]);
+    INFO("column " << c << ", limit " << n);
+    double max = -INFINITY, total = 0, sum_pd = 0;
+    for (std::size_t j = 0; j < n; ++j) max = std::max(max, scale * double(x[j * ld + c]));
+    for (std::size_t j = 0; j < n; ++j) total += std::exp(scale * double(x[j * ld + c]) - max);
+    for (std::size_t j = 0; j < n; ++j) sum_pd += double(p[j * ld + c]) * d[j * ld + c];
+    for (std::size_t j = 0; j < rows; ++j) {
+      const double want_e = j < n ? std::exp(scale * double(x[j * ld + c]) - max) / total : 0.0;
+      const double want_g = j < n ? scale * p[j * ld + c] * (d[j * ld + c] - sum_pd) : 0.0;
+      CHECK(e[j * ld + c] == Approx(want_e).epsilon(1e-6));
+      CHECK(g[j * ld + c] == Approx(want_g).margin(1e-6));
+    }
+  }
+  for (std::size_t j = 0; j < rows; ++j)
+    for (std::size_t c = lanes; c < ld; ++c) {
+      CHECK(std::isnan(e[j * ld + c]));
+      CHECK(std::isnan(g[j * ld + c]));
+    }
 }
 
-TEST_CASE("a softmax row whose visible scores are all -inf is all zero") {
+TEST_CASE("a softmax column whose visible scores are all -inf is all zero") {
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> x = {-inf, -inf, 3.0f};
-  x.resize(16, 5.0f);
-  detail::softmax_row(x.data(), 2, 16, 1.0f);  // entry 2 on is hidden
-  for (float v : x) CHECK(v == 0.0f);
-  std::vector<float> y(16, 0.0f);
-  y[0] = -inf;
-  y[1] = 2.0f;
-  detail::softmax_row(y.data(), 2, 16, 1.0f);
-  CHECK(y[0] == 0.0f);
-  CHECK(y[1] == 1.0f);
+  const std::size_t lanes = detail::softmax_lanes;
+  std::int32_t limits[16];
+  for (auto& l : limits) l = 2;
+  std::vector<float> s(3 * lanes, 5.0f);  // row 2 is past every limit
+  for (std::size_t c = 0; c < lanes; ++c) s[c] = -inf;
+  s[lanes] = -inf;  // column 0: both visible scores -inf
+  detail::softmax_columns(s.data(), lanes, 3, limits, 1.0f);
+  for (std::size_t j = 0; j < 3; ++j) CHECK(s[j * lanes] == 0.0f);
+  for (std::size_t c = 1; c < lanes; ++c) {  // -inf and 5: all weight on row 1
+    CHECK(s[c] == 0.0f);
+    CHECK(s[lanes + c] == 1.0f);
+    CHECK(s[2 * lanes + c] == 0.0f);
+  }
 }
 
 namespace {
