@@ -97,6 +97,16 @@ QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t l
   for (std::size_t j = used; j < rows; ++j) store(d + j * ld, splat(0.0f));
 }
 
+QKV_CLONES void exp_in_place(float* x, std::size_t n) {
+  std::size_t j = 0;
+  for (; j + lanes <= n; j += lanes) store(x + j, exp_approx(load(x + j)));
+  if (j == n) return;
+  float tail[lanes] = {};
+  std::copy(x + j, x + n, tail);
+  store(tail, exp_approx(load(tail)));
+  std::copy(tail, tail + (n - j), x + j);
+}
+
 float vector_exp(float x) { return exp_approx(splat(x))[0]; }
 
 }  // namespace qkv::detail

@@ -1,11 +1,29 @@
 // cross_entropy fused with log_softmax: logits (..., C), integer targets (...).
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
+#include "core/detail/kernels.hpp"
 #include "core/detail/op.hpp"
 #include "core/ops.hpp"
 
 namespace qkv {
+
+namespace {
+
+// x = e^x elementwise: the vectorised kernel for float32, std::exp for float64.
+template <class Container>
+void exp_all(Container& x) {
+  if constexpr (std::is_same_v<typename Container::value_type, float>) {
+    detail::exp_in_place(x.data(), x.size());
+  } else {
+    for (auto& v : x) v = std::exp(v);
+  }
+}
+
+}  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index) {
   check_inputs("cross_entropy", {&logits});
@@ -27,32 +45,38 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     using T = decltype(tag);
     // Per row: lse = log Σ exp(x), max-subtracted; loss = mean over counted rows of lse − x[target].
     const T* x = logits.value<T>().data();
-    std::vector<T> lse(N, T(0));
+    std::vector<T> lse(N, T(0)), shifted(N * C);  // x − max of its row, then its exp
+    for (std::size_t i = 0; i < N; ++i) {
+      const T* row = x + i * C;
+      const T m = C ? *std::max_element(row, row + C) : T(0);
+      lse[i] = m;
+      for (std::size_t c = 0; c < C; ++c) shifted[i * C + c] = row[c] - m;
+    }
+    exp_all(shifted);
     double total = 0;
     for (std::size_t i = 0; i < N; ++i) {
       if (targets.data()[i] == ignore_index) continue;
-      const T* row = x + i * C;
-      T m = -std::numeric_limits<T>::infinity();
-      for (std::size_t c = 0; c < C; ++c) m = std::max(m, row[c]);
       T s = 0;
-      for (std::size_t c = 0; c < C; ++c) s += std::exp(row[c] - m);
-      lse[i] = m + std::log(s);
-      total += double(lse[i] - row[targets.data()[i]]);
+      for (std::size_t c = 0; c < C; ++c) s += shifted[i * C + c];
+      lse[i] += std::log(s);
+      total += double(lse[i] - x[i * C + std::size_t(targets.data()[i])]);
     }
     Array<T> y = T(count ? total / double(count) : 0.0);  // 0 when every target is ignored
     return record_op<T>("cross_entropy", std::move(y), {&logits},
                         [logits, targets, lse = std::move(lse), ignore_index, count, C](BackwardContext<T>& ctx) {
       // forward was L = mean(lse − x[t]), so dx = (softmax(x) − onehot(t)) · dL / count.
-      Array<T> g = xt::zeros<T>(logits.shape());
-      if (count == 0) return ctx.accumulate(0, std::move(g));
+      if (count == 0) return ctx.accumulate(0, Array<T>(xt::zeros<T>(logits.shape())));
+      Array<T> g = Array<T>::from_shape(logits.shape());
       const T scale = ctx.grad()() / T(count);
       const T* x = logits.value<T>().data();
+      for (std::size_t i = 0; i < targets.size(); ++i)
+        for (std::size_t c = 0; c < C; ++c) g.data()[i * C + c] = x[i * C + c] - lse[i];
+      exp_all(g);
       for (std::size_t i = 0; i < targets.size(); ++i) {
         const std::int64_t t = targets.data()[i];
-        if (t == ignore_index) continue;
         T* gr = g.data() + i * C;
-        for (std::size_t c = 0; c < C; ++c) gr[c] = std::exp(x[i * C + c] - lse[i]) * scale;
-        gr[t] -= scale;
+        for (std::size_t c = 0; c < C; ++c) gr[c] = t == ignore_index ? T(0) : gr[c] * scale;
+        if (t != ignore_index) gr[t] -= scale;
       }
       ctx.accumulate(0, std::move(g));
     });

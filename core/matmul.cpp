@@ -164,10 +164,10 @@ Array<T> sum_slabs(const Array<T>& parts, const Shape& shape) {
 }
 
 // Small layers run as products of 64-row blocks through SmallGemm (libxsmm's kernels beat
-// OpenBLAS on them by 1.3-2×), 512-row slabs of blocks across the pool's threads, with the bias
+// OpenBLAS on them by 1.3-2×), 256-row slabs of blocks across the pool's threads, with the bias
 // added to each block while it is in cache. The weight's gradient sums per-slab partial products
 // in slab order, so its bits do not depend on the number of threads.
-constexpr std::size_t block_rows = 64, slab_rows = 512;
+constexpr std::size_t block_rows = 64, slab_rows = 256;
 
 // Runs f(slab, first row, rows) for every block of [0, N), slab by slab across the pool.
 template <class F>

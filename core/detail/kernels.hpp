@@ -1,7 +1,7 @@
 #pragma once
-// Vectorised float32 loops for attention's softmax, over blocks of 16 query columns of transposed
-// scores Sᵀ (one row per key): every operation is between whole rows of 16, with no sum or maximum
-// across lanes. Each is compiled for AVX-512, AVX2 and the x86-64 baseline, and the CPU picks one
+// Vectorised float32 loops: attention's softmax, over blocks of 16 query columns of transposed
+// scores Sᵀ (one row per key), where every operation is between whole rows of 16, with no sum or
+// maximum across lanes; and e^x over an array, for cross-entropy. Each is compiled for AVX-512, AVX2 and the x86-64 baseline, and the CPU picks one
 // when the program loads (target_clones). No multiply-add is fused, so every version computes the
 // same bits.
 #include <cstddef>
@@ -19,6 +19,9 @@ void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int3
 // d[j, c] = scale · p[j, c] · (d[j, c] − Σ_k p[k, c] d[k, c]) over visible entries, 0 elsewhere.
 void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows, const std::int32_t* limits,
                               float scale);
+
+// x[j] = e^x[j] for j < n, as softmax_columns computes it.
+void exp_in_place(float* x, std::size_t n);
 
 // e^x as softmax_columns computes it: within 2 ulp over [−87.3, 88], 0 below (−inf included).
 float vector_exp(float x);

@@ -85,7 +85,7 @@ TEST_CASE("linear's gradients: dx = dy W, dW = dyᵀ x, db = Σ dy") {
 }
 
 TEST_CASE("linear on many rows (blocks, slabs and a short last block) against loops, on 1 and 2 threads") {
-  // 1100 rows: three slabs of 512 rows, the last ending in a block of 12; float64 and float32.
+  // 1100 rows: five slabs of 256 rows, the last of 76 (a block of 64 and one of 12); float64 and float32.
   Generator gen(11);
   const std::size_t N = 1100, in = 5, out = 7;
   const Tensor x64 = randn({N, in}, DType::float64, gen), w64 = randn({out, in}, DType::float64, gen),
