@@ -97,6 +97,16 @@ QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t l
   for (std::size_t j = used; j < rows; ++j) store(d + j * ld, splat(0.0f));
 }
 
+QKV_CLONES void add_to_rows(float* y, std::size_t rows, std::size_t cols, const float* b) {
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t c = 0; c < cols; ++c) y[i * cols + c] += b[c];
+}
+
+QKV_CLONES void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums) {
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t c = 0; c < cols; ++c) sums[c] += g[i * cols + c];
+}
+
 QKV_CLONES void exp_in_place(float* x, std::size_t n) {
   std::size_t j = 0;
   for (; j + lanes <= n; j += lanes) store(x + j, exp_approx(load(x + j)));

@@ -1,8 +1,10 @@
 // matmul: (..., n, k) @ (..., k, m) -> (..., n, m), every product through BLAS gemm.
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "core/detail/blas.hpp"
+#include "core/detail/kernels.hpp"
 #include "core/detail/op.hpp"
 #include "core/ops.hpp"
 
@@ -152,6 +154,26 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 namespace {
 
+// y[i, c] += b[c] on rows × cols, and sums[c] += Σ_i g[i, c]: vectorised kernels for float32.
+template <class T>
+void add_to_rows(T* y, std::size_t rows, std::size_t cols, const T* b) {
+  if constexpr (std::is_same_v<T, float>) {
+    detail::add_to_rows(y, rows, cols, b);
+  } else {
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t c = 0; c < cols; ++c) y[i * cols + c] += b[c];
+  }
+}
+template <class T>
+void add_column_sums(const T* g, std::size_t rows, std::size_t cols, T* sums) {
+  if constexpr (std::is_same_v<T, float>) {
+    detail::add_column_sums(g, rows, cols, sums);
+  } else {
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t c = 0; c < cols; ++c) sums[c] += g[i * cols + c];
+  }
+}
+
 // Σ over the first axis of parts, in order, as an array of `shape`.
 template <class T>
 Array<T> sum_slabs(const Array<T>& parts, const Shape& shape) {
@@ -207,9 +229,7 @@ Tensor linear_rows(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const T* X = x.value<T>().data();
   const T* b = bias.defined() ? bias.value<T>().data() : nullptr;
   const auto add_bias = [&](std::size_t lo, std::size_t rows) {
-    if (b)
-      for (std::size_t i = lo; i < lo + rows; ++i)
-        for (std::size_t o = 0; o < out; ++o) y.data()[i * out + o] += b[o];
+    if (b) add_to_rows(y.data() + lo * out, rows, out, b);
   };
   const BlockProducts<T> forward{{false, block_rows, out, in, in, out, out, false}, {false, tail, out, in, in, out, out, false}};
   const bool blocked = N > 0 && forward.full.generated() && forward.last.generated();
@@ -241,8 +261,7 @@ Tensor linear_rows(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       }
       if (ctx.needs(2)) {
         Array<T> db = xt::zeros<T>(Shape{out});
-        for (std::size_t i = 0; i < N; ++i)
-          for (std::size_t o = 0; o < out; ++o) db.data()[o] += g[i * out + o];
+        add_column_sums(g, N, out, db.data());
         ctx.accumulate(2, std::move(db));
       }
       return;
@@ -260,11 +279,7 @@ Tensor linear_rows(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       const T* gb = g + lo * out;
       if (want_dx) dx_of(rows)(gb, W, dx.data() + lo * in);
       if (want_dw) (lo == s * slab_rows ? dw_set : dw_add)(rows)(gb, X + lo * in, dw_parts.data() + s * out * in);
-      if (want_db) {
-        T* db = db_parts.data() + s * out;
-        for (std::size_t i = 0; i < rows; ++i)
-          for (std::size_t o = 0; o < out; ++o) db[o] += gb[i * out + o];
-      }
+      if (want_db) add_column_sums(gb, rows, out, db_parts.data() + s * out);
     });
     if (want_dx) ctx.accumulate(0, std::move(dx));
     if (want_dw) ctx.accumulate(1, sum_slabs(dw_parts, Shape{out, in}));
