@@ -115,13 +115,6 @@ T* scratch(std::size_t n) {
   return buffer.data();
 }
 
-// dst (cols × rows, contiguous) = srcᵀ, src rows × cols with rows of ld.
-template <class T>
-void transpose(const T* src, std::size_t rows, std::size_t cols, std::size_t ld, T* dst) {
-  for (std::size_t c = 0; c < cols; ++c)
-    for (std::size_t r = 0; r < rows; ++r) dst[c * rows + r] = src[r * ld + c];
-}
-
 // Runs f(b, kv) for every batch entry and kv head, in contiguous runs across the pool's threads:
 // the heads of one batch entry write neighbouring columns of the same rows, and interleaving them
 // between threads would make the threads share cache lines.
@@ -162,7 +155,7 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
     const T* Vb = V + b * L.Tk * ov.ld + kv * L.dv;
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
       T* P = record ? weights->data() + (b * L.H + h) * L.Tk * ldq : Qt + L.dh * L.Tq;
-      transpose(Q + b * L.Tq * oq.ld + h * L.dh, L.Tq, L.dh, oq.ld, Qt);
+      detail::transpose(Q + b * L.Tq * oq.ld + h * L.dh, L.Tq, L.dh, oq.ld, Qt);
       scores(Kb, Qt, P);
       softmax_columns(P, ldq, L, b, h, scale);
       mix(P, Vb, O + b * L.Tq * ldo + h * L.dv);
@@ -203,7 +196,7 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
         const std::size_t q_off = b * L.Tq * oq.ld + h * L.dh;
         if (dV) (first ? dv_set : dv_add)(P, dOh, dV + v_off);
         if (!dQ && !dK) continue;
-        transpose(dOh, L.Tq, L.dv, ldo, dOt);
+        detail::transpose(dOh, L.Tq, L.dv, ldo, dOt);
         dp(V + v_off, dOt, dS);
         softmax_backward_columns(P, dS, ldq, L, scale);
         if (dQ) dq(dS, K + k_off, dQ + q_off);

@@ -252,6 +252,16 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
   gemm_blocks(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// libxsmm's generated code leaves the upper halves of the vector registers in use, and every SSE
+// instruction after it (most of this program, built for baseline x86-64) would then pay for
+// merging them: 2-3× slower code everywhere.
+inline void clear_upper_registers() {
+#if defined(__x86_64__)
+  static const bool has_avx = __builtin_cpu_supports("avx");
+  if (has_avx) asm volatile("vzeroupper" ::: "memory");
+#endif
+}
+
 template <class T>
 SmallGemm<T>::SmallGemm(bool trans_a, std::size_t M, std::size_t N, std::size_t K, std::size_t lda, std::size_t ldb,
                         std::size_t ldc, bool accumulate)
@@ -284,16 +294,28 @@ void SmallGemm<T>::operator()(const T* A, const T* B, T* C) const {
     reinterpret_cast<libxsmm_smmfunction>(kernel_)(B, A, C);
   else
     reinterpret_cast<libxsmm_dmmfunction>(kernel_)(B, A, C);
-#if defined(__x86_64__)
-  // The generated code leaves the upper halves of the vector registers in use, and every SSE
-  // instruction after it (most of this program, built for baseline x86-64) would then pay for
-  // merging them: 2-3× slower code everywhere. A kernel was generated, so the CPU has AVX.
-  asm volatile("vzeroupper" ::: "memory");
-#endif
+  clear_upper_registers();
 }
 
 template class SmallGemm<float>;
 template class SmallGemm<double>;
+
+template <class T>
+void transpose(const T* src, std::size_t rows, std::size_t cols, std::size_t ld, T* dst) {
+  // Below about 1,000 elements a plain loop is faster than libxsmm's call.
+  if (rows * cols < 1024 || std::max(rows, ld) > std::size_t(INT_MAX)) {
+    for (std::size_t c = 0; c < cols; ++c)
+      for (std::size_t r = 0; r < rows; ++r) dst[c * rows + r] = src[r * ld + c];
+    return;
+  }
+  // Column-major, src is cols × rows with leading dimension ld, and dst rows × cols.
+  libxsmm_otrans(dst, src, sizeof(T), libxsmm_blasint(cols), libxsmm_blasint(rows), libxsmm_blasint(ld),
+                 libxsmm_blasint(rows));
+  clear_upper_registers();
+}
+
+template void transpose(const float*, std::size_t, std::size_t, std::size_t, float*);
+template void transpose(const double*, std::size_t, std::size_t, std::size_t, double*);
 
 void parallel_for(std::size_t n, const std::function<void(std::size_t)>& task) {
   if (n == 0) return;

@@ -34,6 +34,11 @@ class SmallGemm {
 extern template class SmallGemm<float>;
 extern template class SmallGemm<double>;
 
+// dst (cols × rows, contiguous) = srcᵀ, for src rows × cols with rows of ld elements. Large ones
+// go through libxsmm's generated transposes.
+template <class T>
+void transpose(const T* src, std::size_t rows, std::size_t cols, std::size_t ld, T* dst);
+
 // Runs task(i) for i in [0, n) on the pool (the calling thread takes part) and returns when all
 // are done; the first exception a task throws is rethrown here. Inside a task, a nested
 // parallel_for runs serially on that thread.

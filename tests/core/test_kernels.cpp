@@ -128,3 +128,20 @@ TEST_CASE("SmallGemm hands products past 128³ multiply-adds to gemm, with the s
   check_small_gemm<float>(false, 130, 130, 130, false);
   check_small_gemm<double>(true, 129, 131, 130, true);
 }
+
+TEST_CASE("transpose: small (a loop) and large (libxsmm), rows longer than the matrix, both dtypes") {
+  for (const auto& [rows, cols] : std::vector<std::array<std::size_t, 2>>{{5, 3}, {70, 20}, {128, 32}}) {
+    INFO(rows << " × " << cols);
+    const std::size_t ld = cols + 7;
+    std::vector<float> src(rows * ld), dst(rows * cols, -1.0f);
+    std::vector<double> src64(rows * ld), dst64(rows * cols, -1.0);
+    for (std::size_t i = 0; i < src.size(); ++i) src64[i] = src[i] = float(i);
+    detail::transpose(src.data(), rows, cols, ld, dst.data());
+    detail::transpose(src64.data(), rows, cols, ld, dst64.data());
+    std::size_t wrong = 0;
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c)
+        wrong += dst[c * rows + r] != src[r * ld + c] || dst64[c * rows + r] != src64[r * ld + c];
+    CHECK(wrong == 0);
+  }
+}
