@@ -6,9 +6,9 @@
 // Scores are transposed so that the softmax runs 16 queries side by side (core/kernels.cpp). The
 // per-head products are small (a few thousand to a million multiply-adds) and run as kernels
 // libxsmm generated for their sizes (detail::SmallGemm); Qᵀ and dOᵀ are copied per head so that
-// every product is of the kinds it generates. It keeps Pᵀ for backward and nothing else. Work is split across threads by (b, kv head); the
-// G = H / Hkv query heads that share a kv head run in order on one thread, since their dK and dV
-// add up.
+// every product is of the kinds it generates. It keeps Pᵀ for backward and nothing else. Work is
+// split across threads by (b, kv head); the G = H / Hkv query heads that share a kv head run in
+// order on one thread, since their dK and dV add up.
 #include <algorithm>
 #include <cmath>
 #include <limits>
