@@ -107,6 +107,18 @@ QKV_CLONES void add_column_sums(const float* g, std::size_t rows, std::size_t co
     for (std::size_t c = 0; c < cols; ++c) sums[c] += g[i * cols + c];
 }
 
+QKV_CLONES void transpose_small(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, float* dst) {
+  std::size_t r0 = 0;
+  for (; r0 + lanes <= rows; r0 += lanes)  // 16 rows at a time: each column a gather, then one store
+    for (std::size_t c = 0; c < cols; ++c) {
+      float column[lanes];
+      for (std::size_t k = 0; k < lanes; ++k) column[k] = src[(r0 + k) * ld + c];
+      std::copy(column, column + lanes, dst + c * rows + r0);
+    }
+  for (; r0 < rows; ++r0)
+    for (std::size_t c = 0; c < cols; ++c) dst[c * rows + r0] = src[r0 * ld + c];
+}
+
 QKV_CLONES void exp_in_place(float* x, std::size_t n) {
   std::size_t j = 0;
   for (; j + lanes <= n; j += lanes) store(x + j, exp_approx(load(x + j)));

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/detail/blas.hpp"
+#include "core/detail/kernels.hpp"
 
 // OpenBLAS built with DYNAMIC_ARCH (as Debian's is) picks its kernels when it loads. These two
 // functions redo that choice; they are exported, but not declared in cblas.h, and absent from
@@ -304,8 +305,12 @@ template <class T>
 void transpose(const T* src, std::size_t rows, std::size_t cols, std::size_t ld, T* dst) {
   // Below about 1,000 elements a plain loop is faster than libxsmm's call.
   if (rows * cols < 1024 || std::max(rows, ld) > std::size_t(INT_MAX)) {
-    for (std::size_t c = 0; c < cols; ++c)
-      for (std::size_t r = 0; r < rows; ++r) dst[c * rows + r] = src[r * ld + c];
+    if constexpr (std::is_same_v<T, float>) {
+      transpose_small(src, rows, cols, ld, dst);
+    } else {
+      for (std::size_t c = 0; c < cols; ++c)
+        for (std::size_t r = 0; r < rows; ++r) dst[c * rows + r] = src[r * ld + c];
+    }
     return;
   }
   // Column-major, src is cols × rows with leading dimension ld, and dst rows × cols.

@@ -1,7 +1,8 @@
 #pragma once
 // Vectorised float32 loops: attention's softmax, over blocks of 16 query columns of transposed
 // scores Sᵀ (one row per key), where every operation is between whole rows of 16, with no sum or
-// maximum across lanes; e^x over an array, for cross-entropy; a linear layer's bias. Each is compiled for AVX-512, AVX2 and the x86-64 baseline, and the CPU picks one
+// maximum across lanes; e^x over an array, for cross-entropy; a linear layer's bias; small
+// transposes. Each is compiled for AVX-512, AVX2 and the x86-64 baseline, and the CPU picks one
 // when the program loads (target_clones). No multiply-add is fused, so every version computes the
 // same bits.
 #include <cstddef>
@@ -24,6 +25,9 @@ void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::siz
 // y[i, c] += b[c] for every row i, and sums[c] += Σ_i g[i, c] (down the rows, in order).
 void add_to_rows(float* y, std::size_t rows, std::size_t cols, const float* b);
 void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums);
+
+// dst (cols × rows, contiguous) = srcᵀ, for src rows × cols with rows of ld; for small matrices.
+void transpose_small(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, float* dst);
 
 // x[j] = e^x[j] for j < n, as softmax_columns computes it.
 void exp_in_place(float* x, std::size_t n);

@@ -129,8 +129,8 @@ TEST_CASE("SmallGemm hands products past 128³ multiply-adds to gemm, with the s
   check_small_gemm<double>(true, 129, 131, 130, true);
 }
 
-TEST_CASE("transpose: small (a loop) and large (libxsmm), rows longer than the matrix, both dtypes") {
-  for (const auto& [rows, cols] : std::vector<std::array<std::size_t, 2>>{{5, 3}, {70, 20}, {128, 32}}) {
+TEST_CASE("transpose: small (16-row tiles and the rest) and large (libxsmm), rows longer than the matrix, both dtypes") {
+  for (const auto& [rows, cols] : std::vector<std::array<std::size_t, 2>>{{5, 3}, {37, 8}, {70, 20}, {128, 32}}) {
     INFO(rows << " × " << cols);
     const std::size_t ld = cols + 7;
     std::vector<float> src(rows * ld), dst(rows * cols, -1.0f);
