@@ -16,35 +16,32 @@ namespace qkv::detail {
 
 namespace {
 
-// 16 floats (or ints) as one value: GCC lowers each operation to one AVX-512 instruction, two AVX2
-// ones or four SSE ones, with IEEE results lane by lane in every case.
+// 16 floats (or ints) as one value: the compiler lowers each operation to one AVX-512 instruction,
+// two AVX2 ones or four SSE ones, with IEEE results lane by lane in every case.
 constexpr std::size_t lanes = softmax_lanes;
 using Floats = float __attribute__((vector_size(4 * lanes)));
 using Ints = std::int32_t __attribute__((vector_size(4 * lanes)));
 
-QKV_INLINE Floats load(const float* p) {
-  Floats v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-QKV_INLINE void store(float* p, Floats v) { std::memcpy(p, &v, sizeof v); }
-QKV_INLINE Floats splat(float x) { return Floats{} + x; }
-QKV_INLINE Floats select(Ints mask, Floats a, Floats b) { return mask ? a : b; }
-QKV_INLINE Floats max(Floats a, Floats b) { return select(a > b, a, b); }
+// Helpers take and give their vectors by reference: a 64-byte vector passed by value crosses the
+// call in registers only with AVX-512, and Clang rejects such a call in the other clones even when
+// it is inlined.
+QKV_INLINE void load(Floats& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+QKV_INLINE void store(float* p, const Floats& v) { std::memcpy(p, &v, sizeof v); }
 
-// e^x as Cephes' expf computes it: x = n·ln 2 + r with |r| ≤ ln 2 / 2, e^r by a degree-7
+// x = e^x as Cephes' expf computes it: x = n·ln 2 + r with |r| ≤ ln 2 / 2, e^r by a degree-7
 // polynomial, then 2^n put into the exponent bits. Relative error below 2 ulp over [−87.3, 88];
 // below that the result is 0, above it e^88.
-QKV_INLINE Floats exp_approx(Floats x) {
+QKV_INLINE void exp_approx(Floats& x) {
   constexpr float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
   constexpr float round_magic = 12582912.0f;  // 1.5·2^23: adding and subtracting it rounds to an integer
-  const Ints underflow = x < splat(-87.33654f);
-  x = select(x > splat(88.0f), splat(88.0f), x);
-  x = select(underflow, splat(0.0f), x);
+  const Floats zero = {};
+  const Ints underflow = x < zero - 87.33654f;
+  x = x > zero + 88.0f ? zero + 88.0f : x;
+  x = underflow ? zero : x;
   const Floats n = (x * log2e + round_magic) - round_magic;
   const Floats r = (x - n * ln2_hi) - n * ln2_lo;
   const Floats z = r * r;
-  Floats p = splat(1.9875691500e-4f);
+  Floats p = zero + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
@@ -52,49 +49,61 @@ QKV_INLINE Floats exp_approx(Floats x) {
   p = p * r + 5.0000001201e-1f;
   p = p * z + r + 1.0f;
   const Floats scale = reinterpret_cast<Floats>((__builtin_convertvector(n, Ints) + 127) << 23);
-  return select(underflow, splat(0.0f), p * scale);
+  x = underflow ? zero : p * scale;
 }
 
 }  // namespace
 
 QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale) {
-  const float inf = std::numeric_limits<float>::infinity();
+  const Floats zero = {}, minus_inf = zero - std::numeric_limits<float>::infinity();
   Ints n;
   std::memcpy(&n, limits, sizeof n);
   const std::size_t used = std::min<std::size_t>(rows, std::size_t(std::max(0, *std::max_element(limits, limits + lanes))));
-  Floats m = splat(-inf);
+  Floats m = minus_inf, v;
   for (std::size_t j = 0; j < used; ++j) {
-    const Floats v = select(Ints{} + std::int32_t(j) < n, load(s + j * ld) * scale, splat(-inf));
+    load(v, s + j * ld);
+    v = Ints{} + std::int32_t(j) < n ? v * scale : minus_inf;
     store(s + j * ld, v);
-    m = max(m, v);
+    m = m > v ? m : v;
   }
   // A column with nothing visible, or only scores of -inf, has m = -inf: shifting by 0 makes its
   // entries e^-inf = 0, and its total 0 makes it all 0.
-  const Floats shift = select(m == splat(-inf), splat(0.0f), m);
-  Floats total = {};
+  const Floats shift = m == minus_inf ? zero : m;
+  Floats total = zero;
   for (std::size_t j = 0; j < used; ++j) {
-    const Floats e = exp_approx(load(s + j * ld) - shift);
-    store(s + j * ld, e);
-    total += e;
+    load(v, s + j * ld);
+    v -= shift;
+    exp_approx(v);
+    store(s + j * ld, v);
+    total += v;
   }
-  const Floats inv = select(total > splat(0.0f), 1.0f / total, splat(0.0f));
-  for (std::size_t j = 0; j < used; ++j) store(s + j * ld, load(s + j * ld) * inv);
-  for (std::size_t j = used; j < rows; ++j) store(s + j * ld, splat(0.0f));
+  const Floats inv = total > zero ? 1.0f / total : zero;
+  for (std::size_t j = 0; j < used; ++j) {
+    load(v, s + j * ld);
+    store(s + j * ld, v * inv);
+  }
+  for (std::size_t j = used; j < rows; ++j) store(s + j * ld, zero);
 }
 
 QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows,
                                          const std::int32_t* limits, float scale) {
+  const Floats zero = {};
   Ints n;
   std::memcpy(&n, limits, sizeof n);
   const std::size_t used = std::min<std::size_t>(rows, std::size_t(std::max(0, *std::max_element(limits, limits + lanes))));
-  Floats c = {};
-  for (std::size_t j = 0; j < used; ++j)  // past a column's limit, d may hold anything
-    c += select(Ints{} + std::int32_t(j) < n, load(p + j * ld) * load(d + j * ld), splat(0.0f));
-  for (std::size_t j = 0; j < used; ++j) {
-    const Floats g = (load(p + j * ld) * (load(d + j * ld) - c)) * scale;
-    store(d + j * ld, select(Ints{} + std::int32_t(j) < n, g, splat(0.0f)));
+  Floats c = zero, pj, dj;
+  for (std::size_t j = 0; j < used; ++j) {  // past a column's limit, d may hold anything
+    load(pj, p + j * ld);
+    load(dj, d + j * ld);
+    c += Ints{} + std::int32_t(j) < n ? pj * dj : zero;
   }
-  for (std::size_t j = used; j < rows; ++j) store(d + j * ld, splat(0.0f));
+  for (std::size_t j = 0; j < used; ++j) {
+    load(pj, p + j * ld);
+    load(dj, d + j * ld);
+    const Floats g = (pj * (dj - c)) * scale;
+    store(d + j * ld, Ints{} + std::int32_t(j) < n ? g : zero);
+  }
+  for (std::size_t j = used; j < rows; ++j) store(d + j * ld, zero);
 }
 
 QKV_CLONES void add_to_rows(float* y, std::size_t rows, std::size_t cols, const float* b) {
@@ -120,15 +129,26 @@ QKV_CLONES void transpose_small(const float* src, std::size_t rows, std::size_t 
 }
 
 QKV_CLONES void exp_in_place(float* x, std::size_t n) {
+  Floats v;
   std::size_t j = 0;
-  for (; j + lanes <= n; j += lanes) store(x + j, exp_approx(load(x + j)));
+  for (; j + lanes <= n; j += lanes) {
+    load(v, x + j);
+    exp_approx(v);
+    store(x + j, v);
+  }
   if (j == n) return;
   float tail[lanes] = {};
   std::copy(x + j, x + n, tail);
-  store(tail, exp_approx(load(tail)));
+  load(v, tail);
+  exp_approx(v);
+  store(tail, v);
   std::copy(tail, tail + (n - j), x + j);
 }
 
-float vector_exp(float x) { return exp_approx(splat(x))[0]; }
+float vector_exp(float x) {
+  float v = x;
+  exp_in_place(&v, 1);
+  return v;
+}
 
 }  // namespace qkv::detail
