@@ -1,9 +1,9 @@
 // reshape, permute/transpose, slice, concat, split: moves of elements, so each backward moves the
 // gradient back the way the forward moved the value.
+#include <algorithm>
 #include <numeric>
 
 #include <xtensor/xmanipulation.hpp>
-#include <xtensor/xstrided_view.hpp>
 
 #include <fmt/ranges.h>
 
@@ -14,11 +14,25 @@ namespace qkv {
 
 namespace {
 
-// Slices selecting [start, stop) along `axis` and everything along the other axes.
-xt::xstrided_slice_vector axis_range(std::size_t ndim, std::size_t axis, std::size_t start, std::size_t stop) {
-  xt::xstrided_slice_vector sv(ndim, xt::all());
-  sv[axis] = xt::range(start, stop);
-  return sv;
+// A row-major shape seen around one axis: `outer` rows (the dimensions before it) of `width`
+// elements, and `inner` elements per index along the axis (the dimensions after it). A range
+// [lo, hi) along the axis is then the columns [lo·inner, hi·inner) of every row.
+struct AroundAxis {
+  std::size_t outer = 1, inner = 1, width;
+  AroundAxis(const Shape& s, std::size_t axis) {
+    for (std::size_t d = 0; d < axis; ++d) outer *= s[d];
+    for (std::size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
+    width = s[axis] * inner;
+  }
+};
+
+// For each of `rows` rows, `count` elements from src (rows of src_width, from column src_col) to
+// dst (rows of dst_width, from column dst_col).
+template <class T>
+void copy_columns(const T* src, std::size_t src_width, std::size_t src_col, T* dst, std::size_t dst_width,
+                  std::size_t dst_col, std::size_t rows, std::size_t count) {
+  for (std::size_t r = 0; r < rows; ++r)
+    std::copy(src + r * src_width + src_col, src + r * src_width + src_col + count, dst + r * dst_width + dst_col);
 }
 
 }  // namespace
@@ -94,13 +108,17 @@ Tensor slice(const Tensor& x, std::int64_t axis, std::int64_t start, std::int64_
   const std::int64_t lo = start < 0 ? start + n : start, hi = stop < 0 ? stop + n : stop;
   if (lo < 0 || hi > n || lo > hi)
     fail("slice", "[{}, {}) is out of bounds for axis {} of size {} in shape {}", start, stop, ax, n, to_string(sx));
-  const auto sv = axis_range(sx.size(), ax, std::size_t(lo), std::size_t(hi));
+  Shape sy = sx;
+  sy[ax] = std::size_t(hi - lo);
+  const AroundAxis a(sx, ax);
+  const std::size_t first = std::size_t(lo) * a.inner, count = sy[ax] * a.inner;
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    Array<T> y = xt::strided_view(x.value<T>(), sv);
-    return record_op<T>("slice", std::move(y), {&x}, [sx, sv](BackwardContext<T>& ctx) {
+    Array<T> y = Array<T>::from_shape(sy);
+    copy_columns(x.value<T>().data(), a.width, first, y.data(), count, 0, a.outer, count);
+    return record_op<T>("slice", std::move(y), {&x}, [sx, a, first, count](BackwardContext<T>& ctx) {
       Array<T> g = xt::zeros<T>(sx);
-      xt::strided_view(g, sv) = ctx.grad();
+      copy_columns(ctx.grad().data(), count, 0, g.data(), a.width, first, a.outer, count);
       ctx.accumulate(0, std::move(g));
     });
   });
@@ -127,15 +145,24 @@ Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis) {
     out[ax] += s[ax];
   }
   starts.push_back(out[ax]);
+  const AroundAxis a(out, ax);
+  std::vector<Shape> shapes;
+  for (const Tensor& x : xs) shapes.push_back(x.shape());
   return dispatch(xs[0].dtype(), [&](auto t) {
     using T = decltype(t);
     Array<T> y = Array<T>::from_shape(out);
-    for (std::size_t i = 0; i < xs.size(); ++i)
-      xt::strided_view(y, axis_range(out.size(), ax, starts[i], starts[i + 1])) = xs[i].value<T>();
-    return record_op<T>("concat", std::move(y), inputs, [starts, ax](BackwardContext<T>& ctx) {
-      const std::size_t ndim = ctx.grad().dimension();
-      for (std::size_t i = 0; i + 1 < starts.size(); ++i)
-        if (ctx.needs(i)) ctx.accumulate(i, xt::strided_view(ctx.grad(), axis_range(ndim, ax, starts[i], starts[i + 1])));
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const std::size_t count = (starts[i + 1] - starts[i]) * a.inner;
+      copy_columns(xs[i].value<T>().data(), count, 0, y.data(), a.width, starts[i] * a.inner, a.outer, count);
+    }
+    return record_op<T>("concat", std::move(y), inputs, [starts, shapes, a](BackwardContext<T>& ctx) {
+      for (std::size_t i = 0; i + 1 < starts.size(); ++i) {
+        if (!ctx.needs(i)) continue;
+        const std::size_t count = (starts[i + 1] - starts[i]) * a.inner;
+        Array<T> g = Array<T>::from_shape(shapes[i]);
+        copy_columns(ctx.grad().data(), a.width, starts[i] * a.inner, g.data(), count, 0, a.outer, count);
+        ctx.accumulate(i, std::move(g));
+      }
     });
   });
 }
