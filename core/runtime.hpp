@@ -2,8 +2,9 @@
 // Process-wide settings: threads, BLAS kernels, memory.
 //
 // Threads, as torch.set_num_threads: qkv splits its own work (attention per batch entry and head,
-// row blocks of large matrix products) across a pool of this many threads, and runs OpenBLAS
-// single-threaded inside them, so the two never compete for cores. The default is 1.
+// small layers in slabs of rows, row blocks of large matrix products) across a pool of this many
+// threads, and runs OpenBLAS single-threaded inside them, so the two never compete for cores.
+// The default is 1.
 // With a given number of threads, results are bit-identical from run to run: each output element
 // is computed by one thread, in a fixed order. Between different numbers of threads they may
 // differ in the last bits, since a product split into blocks can take other BLAS kernels.
