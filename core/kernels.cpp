@@ -4,6 +4,7 @@
 #include "core/detail/kernels.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -106,26 +107,55 @@ QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t l
   for (std::size_t j = used; j < rows; ++j) store(d + j * ld, zero);
 }
 
-QKV_CLONES void add_to_rows(float* y, std::size_t rows, std::size_t cols, const float* b) {
+namespace {
+
+// The plain loops below serve float32 and float64 alike; the compiler vectorises each clone.
+template <class T>
+QKV_INLINE void add_to_rows_loop(T* y, std::size_t rows, std::size_t cols, const T* b) {
   for (std::size_t i = 0; i < rows; ++i)
     for (std::size_t c = 0; c < cols; ++c) y[i * cols + c] += b[c];
 }
 
-QKV_CLONES void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums) {
+template <class T>
+QKV_INLINE void add_column_sums_loop(const T* g, std::size_t rows, std::size_t cols, T* sums) {
   for (std::size_t i = 0; i < rows; ++i)
     for (std::size_t c = 0; c < cols; ++c) sums[c] += g[i * cols + c];
 }
 
-QKV_CLONES void transpose_small(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, float* dst) {
+template <class T>
+QKV_INLINE void transpose_loop(const T* src, std::size_t rows, std::size_t cols, std::size_t ld, T* dst) {
   std::size_t r0 = 0;
   for (; r0 + lanes <= rows; r0 += lanes)  // 16 rows at a time: each column a gather, then one store
     for (std::size_t c = 0; c < cols; ++c) {
-      float column[lanes];
+      T column[lanes];
       for (std::size_t k = 0; k < lanes; ++k) column[k] = src[(r0 + k) * ld + c];
       std::copy(column, column + lanes, dst + c * rows + r0);
     }
   for (; r0 < rows; ++r0)
     for (std::size_t c = 0; c < cols; ++c) dst[c * rows + r0] = src[r0 * ld + c];
+}
+
+}  // namespace
+
+QKV_CLONES void add_to_rows(float* y, std::size_t rows, std::size_t cols, const float* b) {
+  add_to_rows_loop(y, rows, cols, b);
+}
+QKV_CLONES void add_to_rows(double* y, std::size_t rows, std::size_t cols, const double* b) {
+  add_to_rows_loop(y, rows, cols, b);
+}
+
+QKV_CLONES void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums) {
+  add_column_sums_loop(g, rows, cols, sums);
+}
+QKV_CLONES void add_column_sums(const double* g, std::size_t rows, std::size_t cols, double* sums) {
+  add_column_sums_loop(g, rows, cols, sums);
+}
+
+QKV_CLONES void transpose_small(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, float* dst) {
+  transpose_loop(src, rows, cols, ld, dst);
+}
+QKV_CLONES void transpose_small(const double* src, std::size_t rows, std::size_t cols, std::size_t ld, double* dst) {
+  transpose_loop(src, rows, cols, ld, dst);
 }
 
 QKV_CLONES void exp_in_place(float* x, std::size_t n) {
@@ -143,6 +173,10 @@ QKV_CLONES void exp_in_place(float* x, std::size_t n) {
   exp_approx(v);
   store(tail, v);
   std::copy(tail, tail + (n - j), x + j);
+}
+
+void exp_in_place(double* x, std::size_t n) {
+  for (std::size_t j = 0; j < n; ++j) x[j] = std::exp(x[j]);
 }
 
 float vector_exp(float x) {

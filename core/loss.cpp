@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "core/detail/kernels.hpp"
@@ -10,20 +9,6 @@
 #include "core/ops.hpp"
 
 namespace qkv {
-
-namespace {
-
-// x = e^x elementwise: the vectorised kernel for float32, std::exp for float64.
-template <class Container>
-void exp_all(Container& x) {
-  if constexpr (std::is_same_v<typename Container::value_type, float>) {
-    detail::exp_in_place(x.data(), x.size());
-  } else {
-    for (auto& v : x) v = std::exp(v);
-  }
-}
-
-}  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index) {
   check_inputs("cross_entropy", {&logits});
@@ -52,7 +37,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
       lse[i] = m;
       for (std::size_t c = 0; c < C; ++c) shifted[i * C + c] = row[c] - m;
     }
-    exp_all(shifted);
+    detail::exp_in_place(shifted.data(), shifted.size());
     double total = 0;
     for (std::size_t i = 0; i < N; ++i) {
       if (targets.data()[i] == ignore_index) continue;
@@ -71,7 +56,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
       const T* x = logits.value<T>().data();
       for (std::size_t i = 0; i < targets.size(); ++i)
         for (std::size_t c = 0; c < C; ++c) g.data()[i * C + c] = x[i * C + c] - lse[i];
-      exp_all(g);
+      detail::exp_in_place(g.data(), g.size());
       for (std::size_t i = 0; i < targets.size(); ++i) {
         const std::int64_t t = targets.data()[i];
         T* gr = g.data() + i * C;

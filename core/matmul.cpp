@@ -1,7 +1,7 @@
-// matmul: (..., n, k) @ (..., k, m) -> (..., n, m), every product through BLAS gemm.
+// matmul: (..., n, k) @ (..., k, m) -> (..., n, m), every product through BLAS gemm; linear, with
+// small layers in blocks through SmallGemm.
 #include <algorithm>
 #include <climits>
-#include <type_traits>
 
 #include "core/detail/blas.hpp"
 #include "core/detail/kernels.hpp"
@@ -154,26 +154,6 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 namespace {
 
-// y[i, c] += b[c] on rows × cols, and sums[c] += Σ_i g[i, c]: vectorised kernels for float32.
-template <class T>
-void add_to_rows(T* y, std::size_t rows, std::size_t cols, const T* b) {
-  if constexpr (std::is_same_v<T, float>) {
-    detail::add_to_rows(y, rows, cols, b);
-  } else {
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t c = 0; c < cols; ++c) y[i * cols + c] += b[c];
-  }
-}
-template <class T>
-void add_column_sums(const T* g, std::size_t rows, std::size_t cols, T* sums) {
-  if constexpr (std::is_same_v<T, float>) {
-    detail::add_column_sums(g, rows, cols, sums);
-  } else {
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t c = 0; c < cols; ++c) sums[c] += g[i * cols + c];
-  }
-}
-
 // Σ over the first axis of parts, in order, as an array of `shape`.
 template <class T>
 Array<T> sum_slabs(const Array<T>& parts, const Shape& shape) {
@@ -209,15 +189,6 @@ struct BlockProducts {
 };
 
 template <class T>
-Array<T> transposed(const Array<T>& w) {  // (r, c) -> (c, r)
-  const std::size_t r = w.shape()[0], c = w.shape()[1];
-  Array<T> t = Array<T>::from_shape({c, r});
-  for (std::size_t i = 0; i < r; ++i)
-    for (std::size_t j = 0; j < c; ++j) t.data()[j * r + i] = w.data()[i * c + j];
-  return t;
-}
-
-template <class T>
 Tensor linear_rows(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Shape sx = x.shape();
   const std::size_t in = sx.back(), out = weight.shape()[0], N = numel(sx) / std::max<std::size_t>(in, 1);
@@ -229,12 +200,13 @@ Tensor linear_rows(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const T* X = x.value<T>().data();
   const T* b = bias.defined() ? bias.value<T>().data() : nullptr;
   const auto add_bias = [&](std::size_t lo, std::size_t rows) {
-    if (b) add_to_rows(y.data() + lo * out, rows, out, b);
+    if (b) detail::add_to_rows(y.data() + lo * out, rows, out, b);
   };
   const BlockProducts<T> forward{{false, block_rows, out, in, in, out, out, false}, {false, tail, out, in, in, out, out, false}};
   const bool blocked = N > 0 && forward.full.generated() && forward.last.generated();
   if (blocked) {
-    const Array<T> wt = transposed(weight.value<T>());
+    Array<T> wt = Array<T>::from_shape({in, out});  // Wᵀ, as the blocks' right operand
+    detail::transpose(weight.value<T>().data(), out, in, in, wt.data());
     for_each_block(N, [&](std::size_t, std::size_t lo, std::size_t rows) {
       forward(rows)(X + lo * in, wt.data(), y.data() + lo * out);
       add_bias(lo, rows);
@@ -261,7 +233,7 @@ Tensor linear_rows(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       }
       if (ctx.needs(2)) {
         Array<T> db = xt::zeros<T>(Shape{out});
-        add_column_sums(g, N, out, db.data());
+        detail::add_column_sums(g, N, out, db.data());
         ctx.accumulate(2, std::move(db));
       }
       return;
@@ -279,7 +251,7 @@ Tensor linear_rows(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       const T* gb = g + lo * out;
       if (want_dx) dx_of(rows)(gb, W, dx.data() + lo * in);
       if (want_dw) (lo == s * slab_rows ? dw_set : dw_add)(rows)(gb, X + lo * in, dw_parts.data() + s * out * in);
-      if (want_db) add_column_sums(gb, rows, out, db_parts.data() + s * out);
+      if (want_db) detail::add_column_sums(gb, rows, out, db_parts.data() + s * out);
     });
     if (want_dx) ctx.accumulate(0, std::move(dx));
     if (want_dw) ctx.accumulate(1, sum_slabs(dw_parts, Shape{out, in}));

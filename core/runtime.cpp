@@ -73,9 +73,10 @@ inline void cpu_relax() {
 }
 
 // n − 1 workers plus the caller. Workers spin for a while after a job, since a training step
-// issues many small jobs in a row, then sleep. A job is open from when it is posted until the caller has
-// run out of tasks to claim; a worker takes part only if it joins while the job is open, so the
-// caller never waits for a worker that was slow to wake, only for those still running a task.
+// issues many small jobs in a row, then sleep. A job is open from when it is posted until the
+// caller has run out of tasks to claim; a worker takes part only if it joins while the job is
+// open, so the caller never waits for a worker that was slow to wake, only for those still
+// running a task.
 class Pool {
  public:
   ~Pool() { resize(1); }
@@ -313,12 +314,7 @@ template <class T>
 void transpose(const T* src, std::size_t rows, std::size_t cols, std::size_t ld, T* dst) {
   // Below about 1,000 elements a plain loop is faster than libxsmm's call.
   if (rows * cols < 1024 || std::max(rows, ld) > std::size_t(INT_MAX)) {
-    if constexpr (std::is_same_v<T, float>) {
-      transpose_small(src, rows, cols, ld, dst);
-    } else {
-      for (std::size_t c = 0; c < cols; ++c)
-        for (std::size_t r = 0; r < rows; ++r) dst[c * rows + r] = src[r * ld + c];
-    }
+    transpose_small(src, rows, cols, ld, dst);
     return;
   }
   // Column-major, src is cols × rows with leading dimension ld, and dst rows × cols.

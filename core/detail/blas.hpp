@@ -13,10 +13,10 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
 void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, double alpha, const double* A,
           std::size_t lda, const double* B, std::size_t ldb, double beta, double* C, std::size_t ldc);
 
-// One small product shape, run many times (per head, inside attention): row-major
-// C (M×N) = op(A) (M×K) · B (K×N), plus C when `accumulate`, op(A) = Aᵀ when trans_a. It runs a
-// kernel libxsmm generated for this CPU and these sizes when it could make one, and gemm (on the
-// calling thread) otherwise. A call from several threads at once is safe.
+// One small product shape, run many times (per head in attention, per block of a small layer):
+// row-major C (M×N) = op(A) (M×K) · B (K×N), plus C when `accumulate`, op(A) = Aᵀ when trans_a.
+// It runs a kernel libxsmm generated for this CPU and these sizes when it could make one, and
+// gemm (on the calling thread) otherwise. A call from several threads at once is safe.
 template <class T>
 class SmallGemm {
  public:

@@ -1,10 +1,10 @@
 #pragma once
-// Vectorised float32 loops: attention's softmax, over blocks of 16 query columns of transposed
+// Vectorised loops: attention's softmax (float32), over blocks of 16 query columns of transposed
 // scores Sᵀ (one row per key), where every operation is between whole rows of 16, with no sum or
 // maximum across lanes; e^x over an array, for cross-entropy; a linear layer's bias; small
-// transposes. Each is compiled for AVX-512, AVX2 and the x86-64 baseline, and the CPU picks one
-// when the program loads (target_clones). No multiply-add is fused, so every version computes the
-// same bits.
+// transposes (float32 and float64). Each is compiled for AVX-512, AVX2 and the x86-64 baseline,
+// and the CPU picks one when the program loads (target_clones). No multiply-add is fused, so
+// every version computes the same bits.
 #include <cstddef>
 #include <cstdint>
 
@@ -24,13 +24,17 @@ void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::siz
 // A linear layer's bias, forward and backward, on rows × cols row-major blocks:
 // y[i, c] += b[c] for every row i, and sums[c] += Σ_i g[i, c] (down the rows, in order).
 void add_to_rows(float* y, std::size_t rows, std::size_t cols, const float* b);
+void add_to_rows(double* y, std::size_t rows, std::size_t cols, const double* b);
 void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums);
+void add_column_sums(const double* g, std::size_t rows, std::size_t cols, double* sums);
 
 // dst (cols × rows, contiguous) = srcᵀ, for src rows × cols with rows of ld; for small matrices.
 void transpose_small(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, float* dst);
+void transpose_small(const double* src, std::size_t rows, std::size_t cols, std::size_t ld, double* dst);
 
-// x[j] = e^x[j] for j < n, as softmax_columns computes it.
+// x[j] = e^x[j] for j < n: as softmax_columns computes it in float32, std::exp in float64.
 void exp_in_place(float* x, std::size_t n);
+void exp_in_place(double* x, std::size_t n);
 
 // e^x as softmax_columns computes it: within 2 ulp over [−87.3, 88], 0 below (−inf included).
 float vector_exp(float x);
