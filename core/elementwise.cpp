@@ -1,4 +1,5 @@
 // Broadcasting arithmetic and pointwise functions, each forward beside its backward.
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -6,12 +7,19 @@
 #include <xtensor/xoperation.hpp>
 #include <xtensor/xreducer.hpp>
 
+#include "core/detail/kernels.hpp"
 #include "core/detail/op.hpp"
 #include "core/ops.hpp"
 
 namespace qkv {
 
 namespace {
+
+// Whether `shape` is the trailing part of `of`: broadcasting then repeats it over `of`'s leading
+// dimensions, as rows.
+bool is_suffix(const Shape& shape, const Shape& of) {
+  return shape.size() <= of.size() && std::equal(shape.begin(), shape.end(), of.end() - shape.size());
+}
 
 // input_i.grad += g summed back to the input's shape: over the leading dimensions broadcasting
 // added, and over the dimensions where the input had size 1.
@@ -20,6 +28,13 @@ void accumulate_broadcast(BackwardContext<T>& ctx, std::size_t i, E&& g, const S
   if (!ctx.needs(i)) return;
   const Shape g_shape = to_shape(g.shape());
   if (g_shape == shape) return ctx.accumulate(i, std::forward<E>(g));
+  if constexpr (std::is_same_v<std::decay_t<E>, Array<T>>) {
+    if (is_suffix(shape, g_shape)) {  // summed over whole leading dimensions: down the rows, in order
+      Array<T> summed = xt::zeros<T>(shape);
+      detail::add_column_sums(g.data(), g.size() / summed.size(), summed.size(), summed.data());
+      return ctx.accumulate(i, std::move(summed));
+    }
+  }
   const std::size_t lead = g_shape.size() - shape.size();
   std::vector<std::size_t> axes;
   for (std::size_t d = 0; d < g_shape.size(); ++d)
@@ -53,13 +68,34 @@ Tensor unary(const char* op, const Tensor& x, Forward forward, Backward backward
 
 }  // namespace
 
+// x + y by a vectorised loop when the shapes are equal or one is the trailing part of the other
+// (a residual sum, a bias or positions added to every row); by xtensor's broadcasting otherwise.
+template <class T>
+Array<T> sum_of(const Array<T>& x, const Array<T>& y) {
+  const Shape sx = to_shape(x.shape()), sy = to_shape(y.shape());
+  if (!is_suffix(sy, sx) && !is_suffix(sx, sy)) return x + y;
+  const bool y_is_row = is_suffix(sy, sx);
+  const Array<T>& rows = y_is_row ? x : y;
+  const Array<T>& row = y_is_row ? y : x;
+  Array<T> out = Array<T>::from_shape(rows.shape());
+  if (row.size() > 0) detail::add_rows(rows.data(), rows.size() / row.size(), row.size(), row.data(), out.data());
+  return out;
+}
+
 Tensor add(const Tensor& a, const Tensor& b) {
   check_inputs("add", {&a, &b});
   return dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);
-    return binary<T, false>("add", a, b, [](const auto& x, const auto& y) { return x + y; },
-                            [](const Array<T>& g, const Tensor&, const Tensor&) -> const Array<T>& { return g; },
-                            [](const Array<T>& g, const Tensor&, const Tensor&) -> const Array<T>& { return g; });
+    broadcast_shapes("add", a.shape(), b.shape());
+    Array<T> y = sum_of(a.value<T>(), b.value<T>());
+    return record_op<T>("add", std::move(y), {&a, &b}, [sa = a.shape(), sb = b.shape()](BackwardContext<T>& ctx) {
+      for (std::size_t i = 0; i < 2; ++i) {
+        if ((i == 0 ? sa : sb) == to_shape(ctx.grad().shape()))
+          ctx.accumulate_grad(i);
+        else
+          accumulate_broadcast(ctx, i, ctx.grad(), i == 0 ? sa : sb);
+      }
+    });
   });
 }
 

@@ -111,9 +111,14 @@ namespace {
 
 // The plain loops below serve float32 and float64 alike; the compiler vectorises each clone.
 template <class T>
-QKV_INLINE void add_to_rows_loop(T* y, std::size_t rows, std::size_t cols, const T* b) {
+QKV_INLINE void add_rows_loop(const T* x, std::size_t rows, std::size_t cols, const T* b, T* y) {
+  if (x == y) {  // in place: a loop the compiler vectorises without checking x against y
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t c = 0; c < cols; ++c) y[i * cols + c] += b[c];
+    return;
+  }
   for (std::size_t i = 0; i < rows; ++i)
-    for (std::size_t c = 0; c < cols; ++c) y[i * cols + c] += b[c];
+    for (std::size_t c = 0; c < cols; ++c) y[i * cols + c] = x[i * cols + c] + b[c];
 }
 
 template <class T>
@@ -137,11 +142,11 @@ QKV_INLINE void transpose_loop(const T* src, std::size_t rows, std::size_t cols,
 
 }  // namespace
 
-QKV_CLONES void add_to_rows(float* y, std::size_t rows, std::size_t cols, const float* b) {
-  add_to_rows_loop(y, rows, cols, b);
+QKV_CLONES void add_rows(const float* x, std::size_t rows, std::size_t cols, const float* b, float* y) {
+  add_rows_loop(x, rows, cols, b, y);
 }
-QKV_CLONES void add_to_rows(double* y, std::size_t rows, std::size_t cols, const double* b) {
-  add_to_rows_loop(y, rows, cols, b);
+QKV_CLONES void add_rows(const double* x, std::size_t rows, std::size_t cols, const double* b, double* y) {
+  add_rows_loop(x, rows, cols, b, y);
 }
 
 QKV_CLONES void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums) {

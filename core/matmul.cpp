@@ -200,7 +200,7 @@ Tensor linear_rows(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const T* X = x.value<T>().data();
   const T* b = bias.defined() ? bias.value<T>().data() : nullptr;
   const auto add_bias = [&](std::size_t lo, std::size_t rows) {
-    if (b) detail::add_to_rows(y.data() + lo * out, rows, out, b);
+    if (b) detail::add_rows(y.data() + lo * out, rows, out, b, y.data() + lo * out);
   };
   const BlockProducts<T> forward{{false, block_rows, out, in, in, out, out, false}, {false, tail, out, in, in, out, out, false}};
   const bool blocked = N > 0 && forward.full.generated() && forward.last.generated();

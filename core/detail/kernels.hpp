@@ -1,10 +1,10 @@
 #pragma once
 // Vectorised loops: attention's softmax (float32), over blocks of 16 query columns of transposed
 // scores Sᵀ (one row per key), where every operation is between whole rows of 16, with no sum or
-// maximum across lanes; e^x over an array, for cross-entropy; a linear layer's bias; small
-// transposes (float32 and float64). Each is compiled for AVX-512, AVX2 and the x86-64 baseline,
-// and the CPU picks one when the program loads (target_clones). No multiply-add is fused, so
-// every version computes the same bits.
+// maximum across lanes; e^x over an array, for cross-entropy; rows added to rows (a bias, a
+// sum); small transposes (float32 and float64). Each is compiled for AVX-512, AVX2 and the x86-64
+// baseline, and the CPU picks one when the program loads (target_clones). No multiply-add is
+// fused, so every version computes the same bits.
 #include <cstddef>
 #include <cstdint>
 
@@ -21,10 +21,11 @@ void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int3
 void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows, const std::int32_t* limits,
                               float scale);
 
-// A linear layer's bias, forward and backward, on rows × cols row-major blocks:
-// y[i, c] += b[c] for every row i, and sums[c] += Σ_i g[i, c] (down the rows, in order).
-void add_to_rows(float* y, std::size_t rows, std::size_t cols, const float* b);
-void add_to_rows(double* y, std::size_t rows, std::size_t cols, const double* b);
+// A row added to every row, and its gradient, on rows × cols row-major blocks (a linear layer's
+// bias; a sum that broadcasts; with one row, the sum of two arrays): y[i, c] = x[i, c] + b[c]
+// for every row i (y may be x), and sums[c] += Σ_i g[i, c] (down the rows, in order).
+void add_rows(const float* x, std::size_t rows, std::size_t cols, const float* b, float* y);
+void add_rows(const double* x, std::size_t rows, std::size_t cols, const double* b, double* y);
 void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums);
 void add_column_sums(const double* g, std::size_t rows, std::size_t cols, double* sums);
 

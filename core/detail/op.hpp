@@ -52,6 +52,20 @@ class BackwardContext {
       check_anomaly(fmt::format("{} backward", record_.op), array_of<V>(slot->grad), {}, false);
   }
 
+  // input_i.grad += d output, for an input of the output's shape. An input with no gradient yet
+  // takes d output itself rather than a copy: the tape drops the output's gradient once this
+  // backward returns, so nothing else sees it change.
+  void accumulate_grad(std::size_t i) {
+    GradSlot* slot = record_.inputs[i].get();
+    const auto& out = record_.output->grad;
+    if (slot != nullptr && !slot->grad && out.use_count() == 1 && slot->shape == record_.output->shape &&
+        slot->dtype == record_.output->dtype) {
+      slot->grad = out;
+      return;
+    }
+    accumulate(i, grad_);
+  }
+
  private:
   Record& record_;
   const Array<T>& grad_;

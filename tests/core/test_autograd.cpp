@@ -82,6 +82,27 @@ TEST_CASE("a tensor used by two ops receives both contributions") {
   check_close(x.grad(), {2 * 0.5 + 3 + std::exp(0.5), 2 * -2.0 + 3 + std::exp(-2.0)});
 }
 
+TEST_CASE("a sum's gradient handed to its inputs stays theirs alone") {
+  // add gives an input with no gradient yet d output itself, not a copy: the other input, and
+  // contributions that arrive later, must each still see their own values.
+  Tensor a = f64({1, 2}, true), b = f64({3, 4}, true);
+  const Tensor w = f64({10, 20});
+  const Tensor u = a * 3.0;  // recorded before the sum, so its gradient reaches a after the sum's
+  sum((a + b) * w + u).backward();
+  check_close(a.grad(), {13, 23});
+  check_close(b.grad(), {10, 20});
+  Tensor x = f64({1, 2}, true);
+  sum((x + x) * w).backward();
+  check_close(x.grad(), {20, 40});
+  // A second backward adds to the gradients the first one left.
+  Tensor y = f64({1, 2}, true), z = f64({5, 6}, true);
+  const Tensor s = sum((y + z) * w);
+  s.backward({}, true);
+  s.backward();
+  check_close(y.grad(), {20, 40});
+  check_close(z.grad(), {20, 40});
+}
+
 TEST_CASE("intermediate tensors keep no gradient after backward") {
   Tensor x = f64({1, 2}, true);
   Tensor h = x * 2.0;

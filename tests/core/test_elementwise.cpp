@@ -13,6 +13,8 @@ TEST_CASE("binary ops broadcast as numpy does") {
   check_close(a / b, {{0.1, 0.05}, {0.2, 0.1}, {0.3, 0.15}});
   check_close(-a, column({-1, -2, -3}));
   check_close(f64({{{1, 2}, {3, 4}}}) + f64({100, 200}), {{{101, 202}, {103, 204}}});  // (1,2,2)+(2)
+  check_close(f64({100, 200}) + f64({{{1, 2}, {3, 4}}}), {{{101, 202}, {103, 204}}});  // (2)+(1,2,2)
+  check_close(f32({{1, 2}, {3, 4}}) + f32({{10, 20}, {30, 40}}), {{11, 22}, {33, 44}});
 }
 
 TEST_CASE("numbers combine with tensors in the tensor's dtype") {
