@@ -4,11 +4,23 @@
 #include <limits>
 #include <vector>
 
+#include "core/detail/blas.hpp"
 #include "core/detail/kernels.hpp"
 #include "core/detail/op.hpp"
 #include "core/ops.hpp"
 
 namespace qkv {
+
+namespace {
+
+// Runs f(lo, hi) over blocks of the rows [0, n), across the pool's threads.
+template <class F>
+void for_each_row_block(std::size_t n, F&& f) {
+  constexpr std::size_t block = 256;
+  detail::parallel_for((n + block - 1) / block, [&](std::size_t b) { f(b * block, std::min(n, (b + 1) * block)); });
+}
+
+}  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index) {
   check_inputs("cross_entropy", {&logits});
@@ -29,23 +41,30 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
   return dispatch(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     // Per row: lse = log Σ exp(x), max-subtracted; loss = mean over counted rows of lse − x[target].
+    // Rows go to threads in blocks; the loss adds the rows' terms in row order.
     const T* x = logits.value<T>().data();
-    std::vector<T> lse(N, T(0)), shifted(N * C);  // x − max of its row, then its exp
-    for (std::size_t i = 0; i < N; ++i) {
-      const T* row = x + i * C;
-      const T m = C ? *std::max_element(row, row + C) : T(0);
-      lse[i] = m;
-      for (std::size_t c = 0; c < C; ++c) shifted[i * C + c] = row[c] - m;
-    }
-    detail::exp_in_place(shifted.data(), shifted.size());
+    const std::int64_t* t = targets.data();
+    std::vector<T> lse(N), term(N);
+    std::vector<T> shifted(N * C);  // x − max of its row, then its exp
+    for_each_row_block(N, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) {
+        const T* row = x + i * C;
+        const T m = C ? *std::max_element(row, row + C) : T(0);
+        lse[i] = m;
+        for (std::size_t c = 0; c < C; ++c) shifted[i * C + c] = row[c] - m;
+      }
+      detail::exp_in_place(shifted.data() + lo * C, (hi - lo) * C);
+      for (std::size_t i = lo; i < hi; ++i) {
+        if (t[i] == ignore_index) continue;
+        T s = 0;
+        for (std::size_t c = 0; c < C; ++c) s += shifted[i * C + c];
+        lse[i] += std::log(s);
+        term[i] = lse[i] - x[i * C + std::size_t(t[i])];
+      }
+    });
     double total = 0;
-    for (std::size_t i = 0; i < N; ++i) {
-      if (targets.data()[i] == ignore_index) continue;
-      T s = 0;
-      for (std::size_t c = 0; c < C; ++c) s += shifted[i * C + c];
-      lse[i] += std::log(s);
-      total += double(lse[i] - x[i * C + std::size_t(targets.data()[i])]);
-    }
+    for (std::size_t i = 0; i < N; ++i)
+      if (t[i] != ignore_index) total += double(term[i]);
     Array<T> y = T(count ? total / double(count) : 0.0);  // 0 when every target is ignored
     return record_op<T>("cross_entropy", std::move(y), {&logits},
                         [logits, targets, lse = std::move(lse), ignore_index, count, C](BackwardContext<T>& ctx) {
@@ -54,15 +73,17 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
       Array<T> g = Array<T>::from_shape(logits.shape());
       const T scale = ctx.grad()() / T(count);
       const T* x = logits.value<T>().data();
-      for (std::size_t i = 0; i < targets.size(); ++i)
-        for (std::size_t c = 0; c < C; ++c) g.data()[i * C + c] = x[i * C + c] - lse[i];
-      detail::exp_in_place(g.data(), g.size());
-      for (std::size_t i = 0; i < targets.size(); ++i) {
-        const std::int64_t t = targets.data()[i];
-        T* gr = g.data() + i * C;
-        for (std::size_t c = 0; c < C; ++c) gr[c] = t == ignore_index ? T(0) : gr[c] * scale;
-        if (t != ignore_index) gr[t] -= scale;
-      }
+      const std::int64_t* t = targets.data();
+      for_each_row_block(targets.size(), [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i)
+          for (std::size_t c = 0; c < C; ++c) g.data()[i * C + c] = x[i * C + c] - lse[i];
+        detail::exp_in_place(g.data() + lo * C, (hi - lo) * C);
+        for (std::size_t i = lo; i < hi; ++i) {
+          T* gr = g.data() + i * C;
+          for (std::size_t c = 0; c < C; ++c) gr[c] = t[i] == ignore_index ? T(0) : gr[c] * scale;
+          if (t[i] != ignore_index) gr[t[i]] -= scale;
+        }
+      });
       ctx.accumulate(0, std::move(g));
     });
   });
