@@ -10,11 +10,13 @@
 //
 // Included by core's op .cpp files only.
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include <xtensor/xtensor.hpp>
 
 #include "core/autograd.hpp"
+#include "core/detail/kernels.hpp"
 #include "core/detail/node.hpp"
 
 namespace qkv::detail {
@@ -45,6 +47,9 @@ class BackwardContext {
                                          dtype_name(slot->dtype), to_string(slot->shape)));
     if (!slot->grad) {
       slot->grad = make_node(Array<V>(std::forward<E>(g)));
+    } else if constexpr (std::is_same_v<std::decay_t<E>, Array<V>>) {
+      Array<V>& sum = array_of<V>(slot->grad);  // a vectorised loop rather than xtensor's
+      add_rows(sum.data(), 1, sum.size(), g.data(), sum.data());
     } else {
       array_of<V>(slot->grad) += std::forward<E>(g);
     }
