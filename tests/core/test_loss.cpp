@@ -1,6 +1,7 @@
 #include "tests/helpers.hpp"
 
 #include "core/random.hpp"
+#include "core/runtime.hpp"
 
 using namespace qkv;
 using namespace qkv::test;
@@ -56,4 +57,30 @@ TEST_CASE("cross_entropy in float32 (vectorised exp) matches float64, with ignor
   CHECK(loss32.item() == Approx(loss64.item()).epsilon(1e-6));
   check_close(logits32.grad(), logits64.grad().value<double>(), 1e-7);
   for (std::size_t c = 0; c < 5; ++c) CHECK(logits32.grad().value<float>()(3, c) == 0.0f);  // row 3 is ignored
+}
+
+TEST_CASE("cross_entropy on 600 rows (blocks across threads) matches float64, the same bits on 1 and 2 threads") {
+  Generator gen(5);
+  const std::size_t N = 600, C = 8;  // three blocks of rows, the last one short
+  const Tensor logits64 = (randn({N, C}, DType::float64, gen) * 3.0).detach().requires_grad_();
+  IndexArray targets = IndexArray::from_shape({N});
+  for (std::size_t i = 0; i < N; ++i) targets(i) = i % 11 == 4 ? -100 : std::int64_t((i * 7) % C);
+  const Tensor loss64 = cross_entropy(logits64, targets);
+  loss64.backward();
+  std::vector<float> losses;
+  std::vector<Array<float>> grads;
+  for (std::size_t threads : {1, 2}) {
+    set_num_threads(threads);
+    const Tensor logits32 = logits64.to(DType::float32).detach().requires_grad_();
+    const Tensor loss32 = cross_entropy(logits32, targets);
+    loss32.backward();
+    losses.push_back(loss32.value<float>()());
+    grads.push_back(logits32.grad().value<float>());
+  }
+  set_num_threads(1);
+  CHECK(losses[0] == Approx(loss64.item()).epsilon(1e-6));
+  check_close(Tensor(grads[0]), logits64.grad().value<double>(), 1e-7);
+  CHECK(losses[0] == losses[1]);
+  CHECK(bool(grads[0] == grads[1]));
+  for (std::size_t c = 0; c < C; ++c) CHECK(grads[0](4, c) == 0.0f);  // row 4 is ignored
 }
