@@ -66,8 +66,6 @@ Tensor unary(const char* op, const Tensor& x, Forward forward, Backward backward
   }, save);
 }
 
-}  // namespace
-
 // x + y by a vectorised loop when the shapes are equal or one is the trailing part of the other
 // (a residual sum, a bias or positions added to every row); by xtensor's broadcasting otherwise.
 template <class T>
@@ -81,6 +79,8 @@ Array<T> sum_of(const Array<T>& x, const Array<T>& y) {
   if (row.size() > 0) detail::add_rows(rows.data(), rows.size() / row.size(), row.size(), row.data(), out.data());
   return out;
 }
+
+}  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
   check_inputs("add", {&a, &b});
