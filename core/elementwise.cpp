@@ -86,16 +86,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
   check_inputs("add", {&a, &b});
   return dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);
-    broadcast_shapes("add", a.shape(), b.shape());
-    Array<T> y = sum_of(a.value<T>(), b.value<T>());
-    return record_op<T>("add", std::move(y), {&a, &b}, [sa = a.shape(), sb = b.shape()](BackwardContext<T>& ctx) {
-      for (std::size_t i = 0; i < 2; ++i) {
-        if ((i == 0 ? sa : sb) == to_shape(ctx.grad().shape()))
-          ctx.accumulate_grad(i);
-        else
-          accumulate_broadcast(ctx, i, ctx.grad(), i == 0 ? sa : sb);
-      }
-    });
+    return binary<T, false>("add", a, b, [](const Array<T>& x, const Array<T>& y) { return sum_of(x, y); },
+                            [](const Array<T>& g, const Tensor&, const Tensor&) -> const Array<T>& { return g; },
+                            [](const Array<T>& g, const Tensor&, const Tensor&) -> const Array<T>& { return g; });
   });
 }
 

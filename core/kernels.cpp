@@ -53,13 +53,18 @@ QKV_INLINE void exp_approx(Floats& x) {
   x = underflow ? zero : p * scale;
 }
 
+// Rows [0, used) hold every entry a block's columns may see: the largest limit, at most rows.
+QKV_INLINE std::size_t used_rows(std::size_t rows, const std::int32_t* limits) {
+  return std::min<std::size_t>(rows, std::size_t(std::max(0, *std::max_element(limits, limits + lanes))));
+}
+
 }  // namespace
 
 QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale) {
   const Floats zero = {}, minus_inf = zero - std::numeric_limits<float>::infinity();
   Ints n;
   std::memcpy(&n, limits, sizeof n);
-  const std::size_t used = std::min<std::size_t>(rows, std::size_t(std::max(0, *std::max_element(limits, limits + lanes))));
+  const std::size_t used = used_rows(rows, limits);
   Floats m = minus_inf, v;
   for (std::size_t j = 0; j < used; ++j) {
     load(v, s + j * ld);
@@ -91,7 +96,7 @@ QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t l
   const Floats zero = {};
   Ints n;
   std::memcpy(&n, limits, sizeof n);
-  const std::size_t used = std::min<std::size_t>(rows, std::size_t(std::max(0, *std::max_element(limits, limits + lanes))));
+  const std::size_t used = used_rows(rows, limits);
   Floats c = zero, pj, dj;
   for (std::size_t j = 0; j < used; ++j) {  // past a column's limit, d may hold anything
     load(pj, p + j * ld);

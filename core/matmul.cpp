@@ -160,8 +160,7 @@ Array<T> sum_slabs(const Array<T>& parts, const Shape& shape) {
   Array<T> total = Array<T>::from_shape(shape);
   const std::size_t n = total.size();
   std::copy(parts.data(), parts.data() + n, total.data());
-  for (std::size_t s = 1; s < parts.shape()[0]; ++s)
-    for (std::size_t i = 0; i < n; ++i) total.data()[i] += parts.data()[s * n + i];
+  for (std::size_t s = 1; s < parts.shape()[0]; ++s) detail::add_rows(total.data(), 1, n, parts.data() + s * n, total.data());
   return total;
 }
 

@@ -34,7 +34,10 @@ class BackwardContext {
   bool needs(std::size_t i) const { return record_.inputs[i] != nullptr; }
 
   // input_i.grad += g, where g is an array or an xtensor expression of the input's shape and
-  // dtype (the input's dtype may differ from the output's only for cast).
+  // dtype (the input's dtype may differ from the output's only for cast). When g is d output
+  // itself (grad()) and the input has no gradient yet, the input takes that array rather than a
+  // copy: the tape drops the output's gradient once this backward returns, so nothing else sees
+  // it change.
   template <class E>
   void accumulate(std::size_t i, E&& g) {
     using V = typename std::decay_t<E>::value_type;
@@ -46,7 +49,7 @@ class BackwardContext {
                                          dtype_name(dtype_of<V>()), to_string(g_shape), i,
                                          dtype_name(slot->dtype), to_string(slot->shape)));
     if (!slot->grad) {
-      slot->grad = make_node(Array<V>(std::forward<E>(g)));
+      slot->grad = hands_on(g) ? record_.output->grad : make_node(Array<V>(std::forward<E>(g)));
     } else if constexpr (std::is_same_v<std::decay_t<E>, Array<V>>) {
       Array<V>& sum = array_of<V>(slot->grad);  // a vectorised loop rather than xtensor's
       add_rows(sum.data(), 1, sum.size(), g.data(), sum.data());
@@ -57,21 +60,15 @@ class BackwardContext {
       check_anomaly(fmt::format("{} backward", record_.op), array_of<V>(slot->grad), {}, false);
   }
 
-  // input_i.grad += d output, for an input of the output's shape. An input with no gradient yet
-  // takes d output itself rather than a copy: the tape drops the output's gradient once this
-  // backward returns, so nothing else sees it change.
-  void accumulate_grad(std::size_t i) {
-    GradSlot* slot = record_.inputs[i].get();
-    const auto& out = record_.output->grad;
-    if (slot != nullptr && !slot->grad && out.use_count() == 1 && slot->shape == record_.output->shape &&
-        slot->dtype == record_.output->dtype) {
-      slot->grad = out;
-      return;
-    }
-    accumulate(i, grad_);
+ private:
+  // Whether g is d output itself, held by nothing but the output's slot.
+  template <class E>
+  bool hands_on(const E& g) const {
+    if constexpr (std::is_same_v<E, Array<T>>)
+      return &g == &grad_ && record_.output->grad.use_count() == 1;
+    return false;
   }
 
- private:
   Record& record_;
   const Array<T>& grad_;
 };
