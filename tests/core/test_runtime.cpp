@@ -47,7 +47,7 @@ TEST_CASE("parallel_for rethrows a task's exception, and the pool works on after
   set_num_threads(1);
 }
 
-TEST_CASE("a parallel_for inside a task runs on that task's thread; two callers take turns") {
+TEST_CASE("a parallel_for inside a task runs on that task's thread, and two callers take turns") {
   set_num_threads(2);
   std::atomic<int> mismatched{0}, total{0};
   detail::parallel_for(8, [&](std::size_t) {

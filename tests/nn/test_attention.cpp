@@ -210,7 +210,7 @@ TEST_CASE("masks combine: causal, key padding and an arbitrary mask") {
   CHECK(w(0, 0, 2, 0) > 0);
 }
 
-TEST_CASE("frozen projections get no gradient; a tied model shares one tensor") {
+TEST_CASE("frozen projections get no gradient, and a tied model shares one tensor") {
   auto o = options(8, 2);
   o.proj = Projection::frozen;
   MultiHeadAttention frozen(o);

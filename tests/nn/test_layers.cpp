@@ -32,7 +32,7 @@ TEST_CASE("Linear initialises weight and bias from U(-1/sqrt(in), 1/sqrt(in))") 
   for (double v : m.bias.value<double>()) CHECK(std::abs(v) <= bound);
 }
 
-TEST_CASE("Embedding looks rows up; LayerNorm starts as the identity affine map") {
+TEST_CASE("Embedding looks rows up, and LayerNorm starts as the identity affine map") {
   Embedding e(5, 2, DType::float64);
   e.weight.copy_(f64({{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}}));
   check_close(e(IndexArray{4, 0}), {{8, 9}, {0, 1}});

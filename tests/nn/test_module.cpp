@@ -56,7 +56,7 @@ TEST_CASE("load_state_dict names every missing, unexpected and mis-shaped entry 
   check_close(m.first.bias, before, 0);  // nothing changed
 }
 
-TEST_CASE("train and eval reach every submodule; zero_grad clears every gradient") {
+TEST_CASE("train and eval reach every submodule, and zero_grad clears every gradient") {
   TwoLayer m(1);
   m.eval();
   CHECK_FALSE(m.is_training());
