@@ -24,6 +24,7 @@ struct Shifted {
 
 template <class T>
 Shifted<T> shifted(const Array<T>& x, std::size_t axis) {
+  if (x.size() == 0) return {x, x, x};  // xtensor's reducers read out of bounds on an empty input
   Shifted<T> s;
   const std::array<std::size_t, 1> axes{axis};
   s.max = xt::amax(x, axes, keep);
@@ -46,6 +47,7 @@ Tensor softmax(const Tensor& x, std::int64_t axis) {
     return record_op<T>("softmax", std::move(y), {&x}, [ax](BackwardContext<T>& ctx) {
       // forward was y = softmax(x), so dx = y ⊙ (dy − Σ_row dy ⊙ y); 0 where y is 0.
       const auto& y = ctx.output();
+      if (y.size() == 0) return ctx.accumulate(0, Array<T>(y));
       const Array<T> dot = xt::sum(ctx.grad() * y, std::array<std::size_t, 1>{ax}, keep);
       ctx.accumulate(0, y * (ctx.grad() - dot));
     }, Save::output);
@@ -64,6 +66,7 @@ Tensor log_softmax(const Tensor& x, std::int64_t axis) {
     return record_op<T>("log_softmax", std::move(y), {&x}, [ax](BackwardContext<T>& ctx) {
       // forward was y = x − logΣexp(x), so dx = dy − softmax(x) Σ_row dy; softmax = exp(y) is 0
       // on a fully masked row, whose gradient is then 0 too.
+      if (ctx.output().size() == 0) return ctx.accumulate(0, Array<T>(ctx.output()));
       const Array<T> p = xt::exp(ctx.output());
       const Array<T> total = xt::sum(ctx.grad(), std::array<std::size_t, 1>{ax}, keep);
       const Array<T> row_alive = xt::cast<T>(xt::sum(p, std::array<std::size_t, 1>{ax}, keep) > T(0));

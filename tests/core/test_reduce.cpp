@@ -51,3 +51,37 @@ TEST_CASE("reduction errors name the op and the axis") {
   CHECK_THAT(invalid_argument_message([] { max(zeros({2, 0}, DType::float64), {1}); }),
              Contains("max: reducing over an empty axis"));
 }
+
+TEST_CASE("sum, mean and max of tensors with a zero dimension follow PyTorch") {
+  for (const Shape& shape : {Shape{0, 0}, Shape{0, 3}, Shape{2, 0, 3}, Shape{3, 0}}) {
+    INFO("shape " << to_string(shape));
+    Tensor x(Array<double>::from_shape(shape), true);
+    // The sum of nothing is 0, and its gradient is an empty tensor of x's shape.
+    const Tensor total = sum(x);
+    CHECK(total.shape() == Shape{});
+    CHECK(total.item() == 0.0);
+    total.backward();
+    CHECK(x.grad().shape() == shape);
+    // Over the last axis: one output per row; a row of nothing sums to 0.
+    Shape rows(shape.begin(), shape.end() - 1);
+    const Tensor row_sums = sum(x, {-1});
+    CHECK(row_sums.shape() == rows);
+    for (double v : row_sums.value<double>()) CHECK(v == 0.0);
+    // The max of nothing has no value: an error naming the op, as in PyTorch, whenever a reduced
+    // axis is empty. The mean of nothing is an error too where PyTorch gives NaN; a mean with no
+    // output element is empty.
+    CHECK_THAT(invalid_argument_message([&] { max(x); }), Contains("max") && Contains(to_string(shape)));
+    if (shape.back() == 0) {
+      if (rows[0] != 0) CHECK_THAT(invalid_argument_message([&] { mean(x, {-1}); }), Contains("mean"));
+      if (rows[0] == 0) CHECK(mean(x, {-1}).shape() == rows);
+      CHECK_THAT(invalid_argument_message([&] { max(x, {-1}); }), Contains("max"));
+    } else {
+      CHECK(mean(x, {-1}).shape() == rows);
+      Tensor m = max(x, {-1});
+      CHECK(m.shape() == rows);
+      x.zero_grad();
+      sum(m).backward();
+      CHECK(x.grad().shape() == shape);
+    }
+  }
+}

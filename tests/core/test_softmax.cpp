@@ -62,3 +62,20 @@ TEST_CASE("softmax names a bad axis") {
   CHECK(invalid_argument_message([] { softmax(f64({1, 2}), 1); }) ==
         "softmax: axis 1 out of range for a tensor with 1 dimensions");
 }
+
+TEST_CASE("softmax and log_softmax of tensors with a zero dimension are empty, as are their gradients") {
+  for (const Shape& shape : {Shape{0, 0}, Shape{0, 3}, Shape{2, 0, 3}, Shape{3, 0}}) {
+    for (std::int64_t axis : {0, -1}) {
+      INFO("shape " << to_string(shape) << ", axis " << axis);
+      for (const DType dtype : {DType::float32, DType::float64}) {
+        Tensor x = zeros(shape, dtype);
+        x.requires_grad_(true);
+        const Tensor y = softmax(x, axis), z = log_softmax(x, axis);
+        CHECK(y.shape() == shape);
+        CHECK(z.shape() == shape);
+        sum(y + z).backward();
+        CHECK(x.grad().shape() == shape);
+      }
+    }
+  }
+}
