@@ -40,17 +40,19 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
   }
   return dispatch(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    // Per row: lse = log Σ exp(x), max-subtracted; loss = mean over counted rows of lse − x[target].
-    // Rows go to threads in blocks; the loss adds the rows' terms in row order.
+    // Per row: m = max, s = Σ exp(x − m); loss = mean over counted rows of (m − x[target]) + log s.
+    // log s stays apart from m: m + log s would round log s at the scale of the largest logit, and
+    // the loss would change with a shift of every logit, which leaves it unchanged in exact
+    // arithmetic. Rows go to threads in blocks; the loss adds the rows' terms in row order.
     const T* x = logits.value<T>().data();
     const std::int64_t* t = targets.data();
-    std::vector<T> lse(N), term(N);
+    std::vector<T> max(N), log_sum(N), term(N);
     std::vector<T> shifted(N * C);  // x − max of its row, then its exp
     for_each_row_block(N, [&](std::size_t lo, std::size_t hi) {
       for (std::size_t i = lo; i < hi; ++i) {
         const T* row = x + i * C;
         const T m = C ? *std::max_element(row, row + C) : T(0);
-        lse[i] = m;
+        max[i] = m;
         for (std::size_t c = 0; c < C; ++c) shifted[i * C + c] = row[c] - m;
       }
       detail::exp_in_place(shifted.data() + lo * C, (hi - lo) * C);
@@ -58,8 +60,8 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
         if (t[i] == ignore_index) continue;
         T s = 0;
         for (std::size_t c = 0; c < C; ++c) s += shifted[i * C + c];
-        lse[i] += std::log(s);
-        term[i] = lse[i] - x[i * C + std::size_t(t[i])];
+        log_sum[i] = std::log(s);
+        term[i] = (max[i] - x[i * C + std::size_t(t[i])]) + log_sum[i];
       }
     });
     double total = 0;
@@ -67,8 +69,9 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
       if (t[i] != ignore_index) total += double(term[i]);
     Array<T> y = T(count ? total / double(count) : 0.0);  // 0 when every target is ignored
     return record_op<T>("cross_entropy", std::move(y), {&logits},
-                        [logits, targets, lse = std::move(lse), ignore_index, count, C](BackwardContext<T>& ctx) {
-      // forward was L = mean(lse − x[t]), so dx = (softmax(x) − onehot(t)) · dL / count.
+                        [logits, targets, max = std::move(max), log_sum = std::move(log_sum), ignore_index, count, C](BackwardContext<T>& ctx) {
+      // forward was L = mean((m − x[t]) + log s), so dx = (softmax(x) − onehot(t)) · dL / count, with
+      // softmax(x) = exp((x − m) − log s).
       if (count == 0) return ctx.accumulate(0, Array<T>(xt::zeros<T>(logits.shape())));
       Array<T> g = Array<T>::from_shape(logits.shape());
       const T scale = ctx.grad()() / T(count);
@@ -76,7 +79,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
       const std::int64_t* t = targets.data();
       for_each_row_block(targets.size(), [&](std::size_t lo, std::size_t hi) {
         for (std::size_t i = lo; i < hi; ++i)
-          for (std::size_t c = 0; c < C; ++c) g.data()[i * C + c] = x[i * C + c] - lse[i];
+          for (std::size_t c = 0; c < C; ++c) g.data()[i * C + c] = (x[i * C + c] - max[i]) - log_sum[i];
         detail::exp_in_place(g.data() + lo * C, (hi - lo) * C);
         for (std::size_t i = lo; i < hi; ++i) {
           T* gr = g.data() + i * C;

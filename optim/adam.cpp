@@ -30,7 +30,9 @@ struct Coefficients {
 template <class T>
 [[gnu::always_inline]] inline void adam_loop(T* p, const T* g, T* m, T* v, T* vmax, std::size_t n,
                                              const Coefficients& c) {
-  const T b1 = T(c.b1), b2 = T(c.b2), wd = T(c.weight_decay), eps = T(c.eps), decay = T(c.decay_factor);
+  // 1 − β in double, then rounded, as torch.optim does: in float32, 1 − 0.999 would be 0.0009999871.
+  const T b1 = T(c.b1), b2 = T(c.b2), one_minus_b1 = T(1 - c.b1), one_minus_b2 = T(1 - c.b2);
+  const T wd = T(c.weight_decay), eps = T(c.eps), decay = T(c.decay_factor);
   const T step_size = T(c.step_size), bias_correction2_sqrt = T(c.bias_correction2_sqrt);
   for (std::size_t j = 0; j < n; ++j) {
     T gj = g[j];
@@ -38,8 +40,8 @@ template <class T>
       p[j] *= decay;
     else if (wd != 0)
       gj += wd * p[j];
-    m[j] = m[j] * b1 + gj * (T(1) - b1);
-    v[j] = v[j] * b2 + gj * gj * (T(1) - b2);
+    m[j] = m[j] * b1 + one_minus_b1 * gj;
+    v[j] = v[j] * b2 + one_minus_b2 * gj * gj;  // torch's addcmul: (value · g) · g
     T second = v[j];
     if (vmax) second = vmax[j] = std::max(vmax[j], v[j]);
     const T denom = std::sqrt(second) / bias_correction2_sqrt + eps;

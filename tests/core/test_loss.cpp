@@ -84,3 +84,25 @@ TEST_CASE("cross_entropy on 600 rows (blocks across threads) matches float64, th
   CHECK(bool(grads[0] == grads[1]));
   for (std::size_t c = 0; c < C; ++c) CHECK(grads[0](4, c) == 0.0f);  // row 4 is ignored
 }
+
+TEST_CASE("cross_entropy in float32 does not change when every logit is shifted, values and gradients") {
+  // Exact: log(1 + e^-10 + e^-12) = 5.154281376216554e-05. float32 rounds log s at the scale of s ≈ 1
+  // (PyTorch 1.13 gives 5.1616291e-05 at every shift); adding m = 1000 to log s first would round it
+  // at the scale of 1000 instead (6.1035e-05).
+  const IndexArray target = {0};
+  std::vector<float> losses;
+  std::vector<Array<float>> grads;
+  for (const float shift : {0.0f, 1000.0f, -1000.0f, 10000.0f}) {
+    Tensor x = f32(Array<float>{{10 + shift, 0 + shift, -2 + shift}}, true);
+    const Tensor loss = cross_entropy(x, target);
+    loss.backward();
+    losses.push_back(loss.value<float>()());
+    grads.push_back(x.grad().value<float>());
+  }
+  CHECK(losses[0] == Approx(5.154281376216554e-05).epsilon(2e-3));
+  for (std::size_t i = 1; i < losses.size(); ++i) {
+    INFO("shift " << i);
+    CHECK(losses[i] == losses[0]);
+    CHECK(bool(grads[i] == grads[0]));
+  }
+}
