@@ -148,6 +148,7 @@ nlohmann::ordered_json run_peak(std::size_t threads, double seconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  qkv::use_fastest_blas_kernels();
   qkv::reuse_freed_memory();
   CLI::App app{"qkv-bench: training-step speed of a small attention model"};
   std::string config;

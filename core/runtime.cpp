@@ -35,32 +35,6 @@ namespace qkv {
 
 namespace {
 
-// OpenBLAS 0.3.21 (Debian 12) does not know some newer Intel CPUs, Sapphire Rapids among them,
-// and falls back to its Prescott (SSE3) kernels, a fifth of the speed that the CPU's AVX-512 gives.
-// When that happened and the user did not choose with OPENBLAS_CORETYPE, choose the newest kernels
-// the CPU runs: SkylakeX (AVX-512) or Haswell (AVX2 and FMA). This runs before main, after
-// OpenBLAS's own start-up and before any product. OpenBLAS runs single-threaded from here on.
-struct SetUpBlas {
-  SetUpBlas() {
-    openblas_set_num_threads(1);  // qkv's pool does the threading: see set_num_threads
-    if (std::getenv("OPENBLAS_CORETYPE") != nullptr || !gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
-    if (std::string(openblas_get_corename()) != "Prescott") return;
-    __builtin_cpu_init();
-    const char* kernels = nullptr;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512cd"))
-      kernels = "SkylakeX";
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-      kernels = "Haswell";
-    if (kernels == nullptr) return;
-    setenv("OPENBLAS_CORETYPE", kernels, 1);
-    gotoblas_dynamic_quit();
-    gotoblas_dynamic_init();
-    unsetenv("OPENBLAS_CORETYPE");
-  }
-} set_up_blas;
-
 thread_local bool in_task = false;
 
 // A hint to the CPU inside a spin loop.
@@ -249,6 +223,30 @@ void reuse_freed_memory() {
 }
 
 std::string blas_kernels() { return openblas_get_corename(); }
+
+// OpenBLAS 0.3.21 (Debian 12) does not know some newer Intel CPUs, Sapphire Rapids among them,
+// and falls back to its Prescott (SSE3) kernels, a fifth of the speed that the CPU's AVX-512 gives.
+// When that happened and the user did not choose with OPENBLAS_CORETYPE, this chooses the newest
+// kernels the CPU runs: SkylakeX (AVX-512) or Haswell (AVX2 and FMA).
+std::string use_fastest_blas_kernels() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || !gotoblas_dynamic_init || !gotoblas_dynamic_quit ||
+      blas_kernels() != "Prescott")
+    return blas_kernels();
+  __builtin_cpu_init();
+  const char* kernels = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd"))
+    kernels = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    kernels = "Haswell";
+  if (kernels == nullptr) return blas_kernels();
+  // OpenBLAS reads its choice from the environment only: set it for the reload, then take it back.
+  setenv("OPENBLAS_CORETYPE", kernels, 1);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");
+  return blas_kernels();
+}
 
 namespace detail {
 

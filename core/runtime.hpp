@@ -3,8 +3,9 @@
 //
 // Threads, as torch.set_num_threads: qkv splits its own work (attention per batch entry and head,
 // small layers in slabs of rows, row blocks of large matrix products) across a pool of this many
-// threads, and runs OpenBLAS single-threaded inside them, so the two never compete for cores.
-// The default is 1.
+// threads, and set_num_threads makes OpenBLAS single-threaded inside them, so the two never
+// compete for cores. The default is 1; until set_num_threads is called, OpenBLAS keeps its own
+// setting (OPENBLAS_NUM_THREADS, or one thread per core).
 // With a given number of threads, results are bit-identical from run to run: each output element
 // is computed by one thread, in a fixed order. Between different numbers of threads they may
 // differ in the last bits, since a product split into blocks can take other BLAS kernels.
@@ -22,7 +23,14 @@ std::size_t get_num_threads();
 // process then holds on to its peak memory. The qkv program and qkv-bench call it first thing.
 void reuse_freed_memory();
 
-// The BLAS kernels in use, e.g. "SkylakeX" (OpenBLAS's name for them).
+// The BLAS kernels in use, e.g. "SkylakeX" (OpenBLAS's name for them). They decide the last bits
+// of every product, so a run records them: a resumed run is bit-identical only on the same ones.
 std::string blas_kernels();
+
+// Where OpenBLAS fell back to its slowest kernels on a CPU it does not know (OpenBLAS 0.3.21 on
+// Sapphire Rapids, say), and OPENBLAS_CORETYPE does not choose, switches to the newest kernels the
+// CPU runs; returns the kernels in use. Linking qkv changes nothing by itself: programs call this
+// first thing in main, before any other thread starts (it sets and unsets OPENBLAS_CORETYPE).
+std::string use_fastest_blas_kernels();
 
 }  // namespace qkv

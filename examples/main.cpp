@@ -133,6 +133,7 @@ int run_train(TrainOptions o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  qkv::use_fastest_blas_kernels();
   qkv::reuse_freed_memory();
   CLI::App app{"qkv: train small attention models and look inside them"};
   app.require_subcommand(1);

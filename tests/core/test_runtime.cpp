@@ -1,6 +1,7 @@
 #include "tests/helpers.hpp"
 
 #include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -68,4 +69,13 @@ TEST_CASE("a parallel_for inside a task runs on that task's thread, and two call
   CHECK(sum.load() == 3000);
   CHECK_THROWS_WITH(set_num_threads(0), Catch::Matchers::Contains("at least 1"));
   set_num_threads(1);
+}
+
+TEST_CASE("use_fastest_blas_kernels never leaves OpenBLAS on its SSE3 fallback where the CPU has AVX2 and FMA") {
+  // The test binary's main called it, as the programs do; a second call changes nothing.
+  const std::string kernels = blas_kernels();
+  CHECK(use_fastest_blas_kernels() == kernels);
+  __builtin_cpu_init();
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    CHECK(kernels != "Prescott");
 }
