@@ -382,6 +382,7 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
       TrainOptions o = config.options;
       o.seed = seed;
       o.out = fmt::format("{}/runs/{:02}-seed{}", out, c, seed);
+      o.force = true;  // the experiment's own runs: a rerun replaces them
       const auto task = make_task(o.task);
       const auto sequences = held_out_sequences(*task, 16, seed);
       Json run = {{"experiment", e.name},

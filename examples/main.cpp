@@ -1,8 +1,11 @@
 // The qkv program: train toy attention models and look inside them.
 #include <unistd.h>
 
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -22,6 +25,36 @@
 namespace {
 
 using namespace qkv::examples;
+
+template <class... Args>
+[[noreturn]] void usage(std::string_view option, fmt::format_string<Args...> text, Args&&... args) {
+  throw UsageError(fmt::format("{}: {}", option, fmt::format(text, std::forward<Args>(args)...)));
+}
+
+// A whole number in [lo, hi], checked on the text before CLI11 converts it: the conversion would
+// wrap "-1" into an unsigned option, and cap a number too large for its type.
+CLI::Validator whole(std::uint64_t lo, std::uint64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        std::uint64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < lo || value > hi)
+          return fmt::format("must be a whole number from {} to {}, got '{}'", lo, hi, text);
+        return "";
+      },
+      fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+// The option of `qkv train` that sets a field of config.json.
+std::string option_of(const std::string& field) {
+  static const std::map<std::string, std::string> options = {
+      {"steps", "--steps"},           {"batch", "--batch"},           {"lr", "--lr"},
+      {"threads", "--threads"},       {"checkpoint_every", "--checkpoint-every"},
+      {"model.layers", "--layers"},   {"model.d_model", "--d-model"}, {"model.heads", "--heads"},
+      {"model.d_head", "--d-head"},   {"model.kv_heads", "--kv-heads"}};
+  const auto it = options.find(field);
+  return it == options.end() ? field : it->second;
+}
 
 // One row per configuration; exit status 1 when any fails.
 int run_gradcheck(const std::string& filter) {
@@ -88,10 +121,10 @@ int run_inspect(const InspectArgs& a) {
     try {
       input = task->encode(a.input);
     } catch (const std::invalid_argument& e) {
-      qkv::fail("--input", "{}", e.what());
+      usage("--input", "{}", e.what());
     }
     if (input.size() > o.model.max_len)
-      qkv::fail("--input", "{} tokens, but the model has {} positions", input.size(), o.model.max_len);
+      usage("--input", "{} tokens, but the model has {} positions", input.size(), o.model.max_len);
   }
   const Inspection in = inspect(*model, *task, input, a.dir);
   if (!a.html.empty()) {
@@ -121,7 +154,13 @@ int run_experiment_command(ExperimentOptions e) {
 }
 
 int run_train(TrainOptions o) {
-  const TrainResult r = train(o, std::cerr, ::isatty(2));
+  TrainResult r;
+  try {
+    r = train(o, std::cerr, ::isatty(2));
+  } catch (const OptionError& e) {
+    if (o.resume) throw;  // the options came from config.json, which read_config checked
+    usage(option_of(e.field), "{}", e.what());
+  }
   const nlohmann::json line = {{"task", o.task}, {"accuracy", r.eval.accuracy}, {"exact_match", r.eval.exact_match},
                                {"steps", r.steps}, {"seconds", r.seconds},
                                {"loss", r.loss ? nlohmann::json(*r.loss) : nlohmann::json()},
@@ -146,21 +185,22 @@ int main(int argc, char** argv) {
 
   // Options start unset: the task's defaults fill what the command line leaves out.
   std::string task, qk, proj;
-  std::optional<std::uint64_t> seed;
-  std::optional<long long> steps, layers, heads, d_model, d_head, kv_heads, batch, threads;
+  std::optional<std::uint64_t> seed, steps, layers, heads, d_model, d_head, kv_heads, batch, threads, checkpoint_every;
   std::optional<double> lr;
   std::string out;
-  bool no_scale = false;
+  bool no_scale = false, resume = false, force = false;
+  const auto count = whole(1, max_steps);
   auto* train_cmd = app.add_subcommand("train", "Train a model on a task");
-  train_cmd->add_option("TASK", task, "brackets, rps or induction")->required();
+  train_cmd->add_option("TASK", task, "brackets, rps or induction")->required()->check(CLI::IsMember(task_names()));
   train_cmd->add_option("--out", out, "Run folder (default runs/TASK)");
-  train_cmd->add_option("--seed", seed, "Seed of every random draw");
-  train_cmd->add_option("--steps", steps, "Optimizer steps");
-  train_cmd->add_option("--layers", layers, "Attention layers");
-  train_cmd->add_option("--heads", heads, "Query heads per layer");
-  train_cmd->add_option("--d-model", d_model, "Width of the residual stream");
-  train_cmd->add_option("--d-head", d_head, "Query/key width per head (default d_model / heads)");
-  train_cmd->add_option("--kv-heads", kv_heads, "Key/value heads (GQA/MQA; default: heads)");
+  train_cmd->add_option("--seed", seed, "Seed of every random draw")->check(whole(0, UINT64_MAX));
+  train_cmd->add_option("--steps", steps, "Optimizer steps")->check(count);
+  train_cmd->add_option("--layers", layers, "Attention layers")->check(whole(1, max_layers));
+  train_cmd->add_option("--heads", heads, "Query heads per layer")->check(whole(1, max_width));
+  train_cmd->add_option("--d-model", d_model, "Width of the residual stream")->check(whole(1, max_width));
+  train_cmd->add_option("--d-head", d_head, "Query/key width per head (default d_model / heads)")
+      ->check(whole(1, max_width));
+  train_cmd->add_option("--kv-heads", kv_heads, "Key/value heads (GQA/MQA; default: heads)")->check(whole(1, max_width));
   train_cmd->add_option("--qk", qk, "tied or untied")->check(CLI::IsMember({"tied", "untied"}));
   train_cmd->add_option("--proj", proj, "learned, frozen or identity")->check(CLI::IsMember({"learned", "frozen", "identity"}));
   train_cmd->add_flag("--no-scale", no_scale, "Scores without the 1/sqrt(d_head) factor");
@@ -169,21 +209,21 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"learned", "frozen"}));
   train_cmd->add_option("--attention", attention, "causal or bidirectional (default: the task's)")
       ->check(CLI::IsMember({"causal", "bidirectional"}));
-  train_cmd->add_option("--lr", lr, "Peak learning rate");
-  train_cmd->add_option("--batch", batch, "Sequences per step");
-  train_cmd->add_option("--threads", threads, "threads (default 1: these matrices are small)");
-  std::optional<long long> checkpoint_every;
-  bool resume = false;
-  train_cmd->add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (default 500; and at the end)");
+  train_cmd->add_option("--lr", lr, "Peak learning rate, in (0, 10]");
+  train_cmd->add_option("--batch", batch, "Sequences per step")->check(whole(1, max_batch));
+  train_cmd->add_option("--threads", threads, "threads (default 1: these matrices are small)")->check(whole(1, max_threads));
+  train_cmd->add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (default 500; and at the end)")
+      ->check(count);
   train_cmd->add_flag("--resume", resume, "Continue the run in --out (default runs/TASK) from its last checkpoint");
+  train_cmd->add_flag("--force", force,
+                      "Replace the run in --out; the old run stays until the new one's first checkpoint");
 
   std::string eval_dir;
-  long long eval_n = 1024;
-  std::uint64_t eval_seed = 1;
+  std::uint64_t eval_n = 1024, eval_seed = 1;
   auto* eval = app.add_subcommand("eval", "Accuracy of a trained run on fresh sequences, as one JSON object");
   eval->add_option("DIR", eval_dir, "Run folder (as qkv train --out)")->required();
-  eval->add_option("--n", eval_n, "Sequences (rounded up to whole batches)");
-  eval->add_option("--seed", eval_seed, "Seed of the fresh sequences");
+  eval->add_option("--n", eval_n, "Sequences (rounded up to whole batches)")->check(whole(1, 10'000'000));
+  eval->add_option("--seed", eval_seed, "Seed of the fresh sequences")->check(whole(0, UINT64_MAX));
 
   InspectArgs inspect_args;
   auto* inspect_cmd = app.add_subcommand("inspect", "Show what W_q, W_k and W_v of a trained run learned");
@@ -194,13 +234,14 @@ int main(int argc, char** argv) {
   inspect_cmd->add_option("--svg", inspect_args.svg, "Write each heatmap as an SVG file into this folder");
 
   ExperimentOptions experiment;
-  long long experiment_seeds = 0;
+  std::uint64_t experiment_seeds = 0;
   auto* experiment_cmd = app.add_subcommand("experiment", "Rerun an experiment on the teaching claims: a table over seeds");
   experiment_cmd->add_option("NAME", experiment.name, "ablations, dhead, scale, kv or causal")
       ->required()
       ->check(CLI::IsMember(experiment_names()));
   experiment_cmd->add_flag("--quick", experiment.quick, "One seed and fewer steps: under 2 minutes");
-  experiment_cmd->add_option("--seeds", experiment_seeds, "Seeds per configuration (default 5; 1 with --quick)");
+  experiment_cmd->add_option("--seeds", experiment_seeds, "Seeds per configuration (default 5; 1 with --quick)")
+      ->check(whole(1, 1000));
   experiment_cmd->add_option("--out", experiment.out, "Folder for results.json, the chart and the runs");
 
   try {
@@ -214,50 +255,37 @@ int main(int argc, char** argv) {
     if (*tasks) return run_tasks();
     if (*inspect_cmd) return run_inspect(inspect_args);
     if (*experiment_cmd) {
-      if (experiment_seeds < 0 || (experiment_cmd->count("--seeds") && experiment_seeds == 0))
-        qkv::fail("--seeds", "must be positive, got {}", experiment_seeds);
       experiment.seeds = std::size_t(experiment_seeds);
       return run_experiment_command(experiment);
     }
-    if (*eval) {
-      if (eval_n <= 0) qkv::fail("--n", "must be positive, got {}", eval_n);
-      return run_eval(eval_dir, std::size_t(eval_n), eval_seed);
-    }
+    if (*eval) return run_eval(eval_dir, std::size_t(eval_n), eval_seed);
     if (*train_cmd) {
-      const auto positive = [](const char* name, const std::optional<long long>& v, std::size_t& into) {
-        if (!v) return;
-        if (*v <= 0) qkv::fail(name, "must be positive, got {}", *v);
-        into = std::size_t(*v);
-      };
-      std::size_t thread_count = 1;
-      positive("--threads", threads, thread_count);
-      qkv::set_num_threads(thread_count);
+      qkv::set_num_threads(threads.value_or(1));
       if (resume) {
         for (auto* opt : train_cmd->get_options())
           if (opt->count() > 0 && !opt->check_name("TASK") && !opt->check_name("--out") &&
               !opt->check_name("--threads") && !opt->check_name("--resume"))
-            qkv::fail("--resume", "the run's options come from its config.json: drop {}", opt->get_name());
+            usage("--resume", "the run's options come from its config.json: drop {}", opt->get_name());
         TrainOptions o = read_config(out.empty() ? "runs/" + task : out);
-        if (o.task != task) qkv::fail("--resume", "the run in {} is a {} run, not {}", o.out, o.task, task);
+        if (o.task != task) usage("--resume", "the run in {} is a {} run, not {}", o.out, o.task, task);
+        if (!threads) qkv::set_num_threads(o.threads);  // as the run started, unless asked otherwise
         o.resume = true;
         return run_train(o);
       }
       TrainOptions o = default_options(task);
-      positive("--steps", steps, o.steps);
-      positive("--layers", layers, o.model.layers);
-      positive("--heads", heads, o.model.heads);
-      positive("--d-model", d_model, o.model.d_model);
-      positive("--d-head", d_head, o.model.d_head);
-      positive("--kv-heads", kv_heads, o.model.kv_heads);
-      positive("--batch", batch, o.batch);
-      positive("--checkpoint-every", checkpoint_every, o.checkpoint_every);
-      if (o.model.d_head == 0 && o.model.d_model % o.model.heads != 0)
-        qkv::fail("--heads", "{} does not divide --d-model {} (or give --d-head)", o.model.heads, o.model.d_model);
+      const auto set = [](const std::optional<std::uint64_t>& v, std::size_t& into) {
+        if (v) into = std::size_t(*v);
+      };
+      set(steps, o.steps);
+      set(layers, o.model.layers);
+      set(heads, o.model.heads);
+      set(d_model, o.model.d_model);
+      set(d_head, o.model.d_head);
+      set(kv_heads, o.model.kv_heads);
+      set(batch, o.batch);
+      set(checkpoint_every, o.checkpoint_every);
       if (seed) o.seed = *seed;
-      if (lr) {
-        if (!(*lr > 0)) qkv::fail("--lr", "must be positive, got {}", *lr);
-        o.lr = *lr;
-      }
+      if (lr) o.lr = *lr;
       if (!qk.empty()) o.model.qk = qk == "tied" ? qkv::nn::QK::tied : qkv::nn::QK::untied;
       if (!proj.empty())
         o.model.proj = proj == "learned" ? qkv::nn::Projection::learned
@@ -266,9 +294,10 @@ int main(int argc, char** argv) {
       if (!embeddings.empty()) o.model.frozen_embeddings = embeddings == "frozen";
       if (!attention.empty()) o.model.causal = attention == "causal";
       o.out = out;
+      o.force = force;
       return run_train(o);
     }
-  } catch (const std::invalid_argument& e) {
+  } catch (const UsageError& e) {
     fmt::print(stderr, "qkv: {}\n", e.what());
     return 2;
   } catch (const std::exception& e) {

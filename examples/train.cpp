@@ -1,21 +1,32 @@
 #include "examples/train.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <ostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/autograd.hpp"
+#include "core/runtime.hpp"
 #include "examples/checkpoint.hpp"
+#include "nn/checkpoint.hpp"
+#include "nn/detail/json.hpp"
+#include "nn/files.hpp"
 #include "nn/safetensors.hpp"
 #include "optim/adam.hpp"
 #include "optim/schedule.hpp"
 
 namespace qkv::examples {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -23,83 +34,223 @@ namespace {
 constexpr std::uint64_t held_out_stream = 0x9e3779b97f4a7c15ULL;
 
 const char* readout_name(Readout r) { return r == Readout::pointer ? "pointer" : "token"; }
+const char* qk_name(nn::QK qk) { return qk == nn::QK::tied ? "tied" : "untied"; }
+const char* proj_name(nn::Projection p) {
+  return p == nn::Projection::learned ? "learned" : p == nn::Projection::frozen ? "frozen" : "identity";
+}
 
 nlohmann::json config_json(const TrainOptions& o) {
   const ModelConfig& m = o.model;
   return {{"task", o.task}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
           {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
+          {"checkpoint_every", o.checkpoint_every}, {"threads", o.threads}, {"blas", o.blas},
           {"model", {{"vocab_size", m.vocab_size}, {"n_classes", m.n_classes}, {"max_len", m.max_len},
                      {"readout", readout_name(m.readout)}, {"causal", m.causal}, {"layers", m.layers},
                      {"d_model", m.d_model}, {"heads", m.heads}, {"d_head", m.d_head}, {"kv_heads", m.kv_heads},
-                     {"qk", m.qk == nn::QK::tied ? "tied" : "untied"},
-                     {"proj", m.proj == nn::Projection::learned ? "learned"
-                              : m.proj == nn::Projection::frozen ? "frozen" : "identity"},
-                     {"scale", m.scale}, {"mlp", m.mlp},
+                     {"qk", qk_name(m.qk)}, {"proj", proj_name(m.proj)}, {"scale", m.scale}, {"mlp", m.mlp},
                      {"embeddings", m.frozen_embeddings ? "frozen" : "learned"}}}};
 }
 
-template <class T>
-T field(const nlohmann::json& j, const char* key, const std::string& file) {
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw std::runtime_error(fmt::format("{}: missing or malformed '{}'", file, key));
+// Reads config.json's fields, each by its type and range; a fault names the file and the field.
+class ConfigReader {
+ public:
+  ConfigReader(const nlohmann::json& j, std::string file, std::string prefix = "")
+      : j_(j), file_(std::move(file)), prefix_(std::move(prefix)) {
+    if (!j_.is_object()) fail_at("", "is a {}, not an object", j_.type_name());
   }
+
+  bool has(const char* key) const { return j_.contains(key); }
+  const nlohmann::json& at(const char* key) const {
+    const auto it = j_.find(key);
+    if (it == j_.end()) fail_at(key, "is missing");
+    return *it;
+  }
+  // A whole number in [lo, hi]: never a float, which a cast to an integer could not hold.
+  std::uint64_t count(const char* key, std::uint64_t lo, std::uint64_t hi) const {
+    const nlohmann::json& v = at(key);
+    if (v.is_number_unsigned()) {
+      const auto n = v.get<std::uint64_t>();
+      if (n >= lo && n <= hi) return n;
+      fail_at(key, "is {}, out of range [{}, {}]", n, lo, hi);
+    }
+    if (v.is_number_integer()) fail_at(key, "is {}, out of range [{}, {}]", v.get<std::int64_t>(), lo, hi);
+    fail_at(key, "must be a whole number in [{}, {}], not a {}", lo, hi, v.is_number_float() ? "fraction" : v.type_name());
+  }
+  double number(const char* key) const {
+    const nlohmann::json& v = at(key);
+    if (!v.is_number()) fail_at(key, "must be a number, not a {}", v.type_name());
+    return v.get<double>();
+  }
+  bool flag(const char* key) const {
+    const nlohmann::json& v = at(key);
+    if (!v.is_boolean()) fail_at(key, "must be true or false, not a {}", v.type_name());
+    return v.get<bool>();
+  }
+  std::string choice(const char* key, const std::vector<std::string>& choices) const {
+    const nlohmann::json& v = at(key);
+    if (v.is_string() && std::find(choices.begin(), choices.end(), v.get<std::string>()) != choices.end()) return v;
+    fail_at(key, "must be one of {}", fmt::join(choices, ", "));
+  }
+  std::string text(const char* key) const {
+    const nlohmann::json& v = at(key);
+    if (!v.is_string() || v.get_ref<const std::string&>().size() > 64) fail_at(key, "must be a short string");
+    return v;
+  }
+  // Refuses a field qkv does not write, which would otherwise be ignored.
+  void only(const nlohmann::json& written) const {
+    for (const auto& [key, value] : j_.items())
+      if (!written.contains(key)) fail_at(key, "is not a field of a run's config");
+  }
+
+  template <class... Args>
+  [[noreturn]] void fail_at(std::string_view key, fmt::format_string<Args...> text, Args&&... args) const {
+    throw std::runtime_error(fmt::format("{}: '{}{}' {}", file_, prefix_, key, fmt::format(text, std::forward<Args>(args)...)));
+  }
+
+ private:
+  const nlohmann::json& j_;
+  std::string file_, prefix_;
+};
+
+template <class... Args>
+[[noreturn]] void out_of_range(std::string field, fmt::format_string<Args...> text, Args&&... args) {
+  throw OptionError(std::move(field), fmt::format(text, std::forward<Args>(args)...));
+}
+
+void check_range(const char* field, std::size_t value, std::size_t lo, std::size_t hi) {
+  if (value < lo || value > hi) out_of_range(field, "is {}, out of range [{}, {}]", value, lo, hi);
+}
+
+std::string bytes_text(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  std::size_t u = 0;
+  while (bytes >= 1024 && u + 1 < std::size(units)) bytes /= 1024, ++u;
+  return fmt::format("{:.1f} {}", bytes, units[u]);
 }
 
 }  // namespace
+
+MemoryEstimate estimate_memory(const TrainOptions& o) {
+  // In doubles: the sizes may be absurd, and the products must not wrap.
+  const ModelConfig& m = o.model;
+  const double D = double(m.d_model), L = double(m.layers), H = double(m.heads), T = double(m.max_len);
+  const double Hkv = double(m.kv_heads ? m.kv_heads : m.heads);
+  const double dh = m.d_head ? double(m.d_head) : D / std::max(H, 1.0), B = double(o.batch);
+  const double qkv_width = (H + 2 * Hkv) * dh, mlp = m.mlp ? 1.0 : 0.0;
+  const double per_layer = D * qkv_width + qkv_width + H * dh * D + 3 * D + mlp * (8 * D * D + 7 * D);
+  const double params = double(m.vocab_size) * D + T * D + L * per_layer + 2 * D + (double(m.n_classes) + 1) * D;
+  // Each parameter: its value, gradient and Adam's two moments, in float32.
+  MemoryEstimate e;
+  e.model = 16 * params;
+  // A step keeps, per layer, a few (B, T, D)-sized activations, the packed q/k/v, and the attention
+  // weights (B, H, T, T, padded to 16 queries); backward allocates as much again for gradients.
+  const double padded_T = std::ceil(T / 16) * 16;
+  const double per_layer_step = B * T * (6 * D + 2 * qkv_width + mlp * 14 * D) + 2 * B * H * T * padded_T;
+  e.step = 2 * 4 * (L * per_layer_step + B * T * (3 * D + 2 * double(m.n_classes)));
+  return e;
+}
+
+void check_options(const TrainOptions& o) {
+  const auto names = task_names();
+  if (std::find(names.begin(), names.end(), o.task) == names.end())
+    out_of_range("task", "'{}' is not a task: {}", o.task, fmt::join(names, ", "));
+  check_range("steps", o.steps, 1, max_steps);
+  check_range("batch", o.batch, 1, max_batch);
+  check_range("warmup", o.warmup, 0, max_steps);
+  check_range("checkpoint_every", o.checkpoint_every, 1, max_steps);
+  check_range("threads", o.threads, 1, max_threads);
+  // Adam moves each weight by about lr a step: past 10, nothing trains, and lr / (1 − β1ᵗ)
+  // overflows for lr near the largest double.
+  if (!(o.lr > 0 && o.lr <= 10)) out_of_range("lr", "is {}; it must be in (0, 10]", o.lr);
+  if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) out_of_range("min_lr_ratio", "is {}; it must be in [0, 1]", o.min_lr_ratio);
+  if (!(o.weight_decay >= 0 && o.weight_decay <= 10))
+    out_of_range("weight_decay", "is {}; it must be in [0, 10]", o.weight_decay);
+  if (!(o.clip > 0 && std::isfinite(o.clip))) out_of_range("clip", "is {}; it must be positive and finite", o.clip);
+
+  const TaskInfo info = make_task(o.task)->info();
+  const ModelConfig& m = o.model;
+  if (m.vocab_size != info.vocab_size)
+    out_of_range("model.vocab_size", "is {}, but the {} task has {} tokens", m.vocab_size, o.task, info.vocab_size);
+  if (m.n_classes != info.n_classes)
+    out_of_range("model.n_classes", "is {}, but the {} task has {} classes", m.n_classes, o.task, info.n_classes);
+  if (m.readout != info.readout)
+    out_of_range("model.readout", "is {}, but the {} task reads out by {}", readout_name(m.readout), o.task,
+                 readout_name(info.readout));
+  check_range("model.max_len", m.max_len, info.max_len, max_width);
+  check_range("model.layers", m.layers, 1, max_layers);
+  check_range("model.d_model", m.d_model, 1, max_width);
+  check_range("model.heads", m.heads, 1, max_width);
+  check_range("model.d_head", m.d_head, 0, max_width);
+  check_range("model.kv_heads", m.kv_heads, 0, m.heads);
+  if (m.d_head == 0 && m.d_model % m.heads != 0)
+    out_of_range("model.heads", "{} does not divide d_model {} (or give d_head)", m.heads, m.d_model);
+  if (m.kv_heads != 0 && m.heads % m.kv_heads != 0)
+    out_of_range("model.kv_heads", "{} does not divide heads {}", m.kv_heads, m.heads);
+
+  const MemoryEstimate need = estimate_memory(o);
+  const double available = nn::available_memory();
+  if (need.model + need.step > available) {
+    const bool step = need.step > need.model;
+    out_of_range(step ? "batch" : (double(m.layers) / 2 > double(m.d_model) / 16 ? "model.layers" : "model.d_model"),
+                 "needs about {} for the model and its optimizer state and {} for a training step (batch {} of {} "
+                 "tokens, d_model {}, {} layers), more than the {} this machine has available",
+                 bytes_text(need.model), bytes_text(need.step), o.batch, m.max_len, m.d_model, m.layers,
+                 bytes_text(available));
+  }
+}
 
 std::string config_text(const TrainOptions& o) { return config_json(o).dump(2) + "\n"; }
 
 TrainOptions read_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot open (is {} a run folder?)", file, dir));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  TrainOptions o = parse_config(text, file);
+  TrainOptions o = parse_config(nn::read_file(file, 1 << 20), file);
   o.out = dir;
   return o;
 }
 
 TrainOptions parse_config(std::string_view text, const std::string& file) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(fmt::format("{}: invalid JSON: {}", file, e.what()));
-  }
-  const std::string task = field<std::string>(j, "task", file);
-  const auto names = task_names();
-  if (std::find(names.begin(), names.end(), task) == names.end())
-    throw std::runtime_error(fmt::format("{}: unknown task '{}'", file, task));
+  const nlohmann::json j = nn::detail::parse_json(text, file, 2);  // {"model": {…}}
+  const ConfigReader r(j, file);
+  const std::string task = r.choice("task", task_names());
   TrainOptions o = default_options(task);
-  o.seed = field<std::uint64_t>(j, "seed", file);
-  o.steps = field<std::size_t>(j, "steps", file);
-  o.batch = field<std::size_t>(j, "batch", file);
-  o.warmup = field<std::size_t>(j, "warmup", file);
-  o.lr = field<double>(j, "lr", file);
-  o.min_lr_ratio = field<double>(j, "min_lr_ratio", file);
-  o.weight_decay = field<double>(j, "weight_decay", file);
-  o.clip = field<double>(j, "clip", file);
-  const nlohmann::json m = field<nlohmann::json>(j, "model", file);
+  o.seed = r.count("seed", 0, std::numeric_limits<std::uint64_t>::max());
+  o.steps = r.count("steps", 1, max_steps);
+  o.batch = r.count("batch", 1, max_batch);
+  o.warmup = r.count("warmup", 0, max_steps);
+  o.lr = r.number("lr");
+  o.min_lr_ratio = r.number("min_lr_ratio");
+  o.weight_decay = r.number("weight_decay");
+  o.clip = r.number("clip");
+  // Absent from runs written before they were recorded.
+  if (r.has("checkpoint_every")) o.checkpoint_every = r.count("checkpoint_every", 1, max_steps);
+  if (r.has("threads")) o.threads = r.count("threads", 1, max_threads);
+  if (r.has("blas")) o.blas = r.text("blas");
+  const ConfigReader m(r.at("model"), file, "model.");
   ModelConfig& c = o.model;
-  c.vocab_size = field<std::size_t>(m, "vocab_size", file);
-  c.n_classes = field<std::size_t>(m, "n_classes", file);
-  c.max_len = field<std::size_t>(m, "max_len", file);
-  c.readout = field<std::string>(m, "readout", file) == "pointer" ? Readout::pointer : Readout::token;
-  c.causal = field<bool>(m, "causal", file);
-  c.layers = field<std::size_t>(m, "layers", file);
-  c.d_model = field<std::size_t>(m, "d_model", file);
-  c.heads = field<std::size_t>(m, "heads", file);
-  c.d_head = field<std::size_t>(m, "d_head", file);
-  c.kv_heads = field<std::size_t>(m, "kv_heads", file);
-  c.qk = field<std::string>(m, "qk", file) == "tied" ? nn::QK::tied : nn::QK::untied;
-  const std::string proj = field<std::string>(m, "proj", file);
+  c.vocab_size = m.count("vocab_size", 1, max_width);
+  c.n_classes = m.count("n_classes", 0, max_width);
+  c.max_len = m.count("max_len", 1, max_width);
+  c.readout = m.choice("readout", {"pointer", "token"}) == "pointer" ? Readout::pointer : Readout::token;
+  c.causal = m.flag("causal");
+  c.layers = m.count("layers", 1, max_layers);
+  c.d_model = m.count("d_model", 1, max_width);
+  c.heads = m.count("heads", 1, max_width);
+  c.d_head = m.count("d_head", 0, max_width);
+  c.kv_heads = m.count("kv_heads", 0, max_width);
+  c.qk = m.choice("qk", {"tied", "untied"}) == "tied" ? nn::QK::tied : nn::QK::untied;
+  const std::string proj = m.choice("proj", {"learned", "frozen", "identity"});
   c.proj = proj == "frozen" ? nn::Projection::frozen : proj == "identity" ? nn::Projection::identity : nn::Projection::learned;
-  c.scale = field<bool>(m, "scale", file);
-  c.mlp = field<bool>(m, "mlp", file);
-  c.frozen_embeddings = field<std::string>(m, "embeddings", file) == "frozen";
-  if (config_json(o) != j) throw std::runtime_error(fmt::format("{}: holds values qkv does not write", file));
+  c.scale = m.flag("scale");
+  c.mlp = m.flag("mlp");
+  c.frozen_embeddings = m.choice("embeddings", {"learned", "frozen"}) == "frozen";
+  const nlohmann::json written = config_json(o);
+  r.only(written);
+  m.only(written["model"]);
+  try {
+    check_options(o);
+  } catch (const OptionError& e) {
+    throw std::runtime_error(fmt::format("{}: '{}' {}", file, e.field, e.what()));
+  }
   return o;
 }
 
@@ -134,14 +285,51 @@ TrainOptions default_options(const std::string& task_name) {
 std::unique_ptr<Model> load_model(const std::string& dir) {
   const TrainOptions o = read_config(dir);
   Generator gen(o.seed);
-  auto model = std::make_unique<Model>(o.model, gen);
-  const std::string file = dir + "/model.safetensors";
+  std::unique_ptr<Model> model;
+  try {
+    model = std::make_unique<Model>(o.model, gen);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}/config.json: 'model' {}", dir, e.what()));
+  }
+  const auto folder = nn::committed_checkpoint(dir);
+  if (!folder) throw std::runtime_error(fmt::format("{}: the run has no checkpoint yet", dir));
+  const std::string file = *folder + "/model.safetensors";
   try {
     model->load_state_dict(nn::load_safetensors(file).tensors);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(fmt::format("{}: does not fit {}/config.json: {}", file, dir, e.what()));
   }
   return model;
+}
+
+MetricsLog::MetricsLog(std::string path, bool truncate)
+    : path_(std::move(path)),
+      out_(std::make_unique<std::ofstream>(path_, truncate ? std::ios::trunc : std::ios::app)) {
+  if (!*out_) throw std::runtime_error(fmt::format("{}: cannot open for writing: {}", path_, std::strerror(errno)));
+}
+
+void MetricsLog::write(const std::string& line) {
+  *out_ << line << '\n' << std::flush;
+  if (!*out_) throw std::runtime_error(fmt::format("{}: writing failed: {}", path_, std::strerror(errno)));
+}
+
+void truncate_metrics(const std::string& path, std::size_t step) {
+  std::error_code missing;
+  if (!fs::exists(fs::symlink_status(path, missing))) return;
+  const std::string text = nn::read_file(path, std::size_t(1) << 30);
+  std::string kept;
+  for (std::size_t begin = 0, end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1) {
+    const std::string_view line(text.data() + begin, end - begin + 1);
+    // A line past the checkpoint goes, to be written again; a line qkv did not write stays.
+    std::optional<std::uint64_t> line_step;
+    try {
+      const nlohmann::json j = nn::detail::parse_json(line, path, 1);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_unsigned()) line_step = j["step"].get<std::uint64_t>();
+    } catch (const std::runtime_error&) {
+    }
+    if (!line_step || *line_step <= step) kept += line;
+  }
+  if (kept != text) nn::write_atomically(path, kept);  // what is left after the last '\n' was cut short
 }
 
 Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed) {
@@ -162,30 +350,143 @@ Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std:
   return total;
 }
 
-TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
+namespace {
+
+bool is_partial(const std::string& name) { return name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0; }
+
+// A folder a run has written: its config or a checkpoint.
+bool holds_run(const std::string& dir) {
+  return fs::exists(dir + "/config.json") || nn::committed_checkpoint(dir) || !nn::checkpoint_folders(dir).empty();
+}
+
+// Where a run writes, locked: DIR itself, or, for a run that replaces another (--force), DIR.new
+// until its first checkpoint, which then takes DIR's place. The folder is touched only here, after
+// every option has been checked.
+class RunFolder {
+ public:
+  RunFolder(std::string dir, const TrainOptions& o) : dir_(std::move(dir)) {
+    std::error_code error;
+    if (fs::exists(dir_, error) && !fs::is_directory(dir_, error))
+      throw UsageError(fmt::format("--out {}: is a file, not a folder", dir_));
+    if (!o.resume) fs::create_directories(dir_);
+    lock_.emplace(dir_);
+    nn::remove_partial_files(dir_);
+    if (o.resume) return;
+    if (holds_run(dir_)) {
+      if (!o.force)
+        throw UsageError(fmt::format("--out {}: holds a run already; give --resume to continue it or --force to "
+                                     "replace it (the old run stays until the new one's first checkpoint)",
+                                     dir_));
+      staging_ = dir_ + ".new";  // this run's own: DIR's lock guards it
+      fs::remove_all(staging_);
+      fs::create_directories(staging_);
+      staging_lock_.emplace(staging_);
+      return;
+    }
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      const std::string name = entry.path().filename().string();
+      if (name != "run.lock" && !is_partial(name))
+        throw UsageError(fmt::format("--out {}: holds '{}' and no qkv run; choose a new or empty folder", dir_, name));
+    }
+  }
+  ~RunFolder() {
+    std::error_code ignored;
+    if (!staging_.empty()) fs::remove_all(staging_, ignored);  // a replacement that never checkpointed
+  }
+  RunFolder(const RunFolder&) = delete;
+  RunFolder& operator=(const RunFolder&) = delete;
+
+  const std::string& path() const { return staging_.empty() ? dir_ : staging_; }
+
+  // After each checkpoint: a replacement run takes the old run's place at its first.
+  void checkpointed() {
+    if (staging_.empty()) return;
+    nn::replace_folder(dir_, staging_);
+    staging_.clear();
+    lock_.reset();  // the old run's lock, removed with it
+    lock_.emplace(std::move(*staging_lock_));
+    staging_lock_.reset();
+  }
+
+ private:
+  std::string dir_, staging_;
+  std::optional<nn::RunLock> lock_, staging_lock_;
+};
+
+// Which parameters a training step updates: those that get a gradient (so not the frozen ones, nor
+// one the readout never reads), found by one step's backward on a sequence from a generator of
+// its own.
+std::vector<bool> updated_parameters(const Model& model, const Task& task) {
+  Generator probe(1);
+  const Batch b = task.sample(1, probe);
+  const std::vector<Tensor> params = model.parameters();
+  model.loss(model.forward(b.tokens), b.targets).backward();
+  std::vector<bool> updated;
+  for (Tensor p : params) {
+    updated.push_back(p.requires_grad() && p.grad().defined());
+    p.zero_grad();
+  }
+  return updated;
+}
+
+// Says where a resumed run will not be bit-identical to an uninterrupted one.
+void note_differences(const TrainOptions& recorded, std::ostream& notes) {
+  if (recorded.threads != get_num_threads())
+    notes << fmt::format("qkv train: the run started on {} threads and resumes on {}: its results may differ in the "
+                         "last bits from an uninterrupted run's\n",
+                         recorded.threads, get_num_threads());
+  if (!recorded.blas.empty() && recorded.blas != blas_kernels())
+    notes << fmt::format("qkv train: the run started on the {} BLAS kernels and resumes on {}: its results may differ "
+                         "in the last bits from an uninterrupted run's\n",
+                         recorded.blas, blas_kernels());
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty) {
+  TrainOptions o = options;
+  o.threads = get_num_threads();
+  if (!o.resume) o.blas = blas_kernels();
+  check_options(o);
   const auto task = make_task(o.task);
   Generator gen(o.seed);
-  Model model(o.model, gen);  // checks the configuration before anything is written
-  const std::string out = o.out.empty() ? "runs/" + o.task : o.out;
-  if (!o.resume) {
-    std::filesystem::create_directories(out);
-    nn::write_atomically(out + "/config.json", config_text(o));
+  std::optional<Model> built;
+  try {
+    built.emplace(o.model, gen);
+  } catch (const std::invalid_argument& e) {
+    throw OptionError("model", e.what());
   }
-  std::ofstream metrics(out + "/metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
-
+  Model& model = *built;
   optim::Adam opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   // At most half the run warms up, so that even a 1-step run has a schedule.
   const std::size_t warmup = std::clamp<std::size_t>(o.warmup, 1, std::max<std::size_t>(1, o.steps / 2));
   const optim::Schedule schedule =
       optim::Schedule::warmup_cosine(o.lr, warmup, std::max(o.steps, warmup + 1), o.lr * o.min_lr_ratio);
-  const auto start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+
+  fs::path out = fs::path(o.out.empty() ? "runs/" + o.task : o.out).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "runs/x/" is "runs/x"
+  RunFolder folder(out.string(), o);
+  const std::string metrics_file = folder.path() + "/metrics.jsonl";
   std::size_t first_step = 0;
   if (o.resume) {
-    const CheckpointState saved = load_checkpoint(out, model, opt);
-    first_step = saved.step;
-    gen.set_state(saved.rng);
+    note_differences(read_config(folder.path()), progress);
+    const auto saved =
+        resume_checkpoint(folder.path(), model, opt, {.max_step = o.steps, .updated = updated_parameters(model, *task)},
+                          progress);
+    if (saved) {
+      first_step = saved->step;
+      gen.set_state(saved->rng);
+    } else {
+      progress << fmt::format("qkv train: {} has no checkpoint yet; training from step 0\n", folder.path());
+    }
+    truncate_metrics(metrics_file, first_step);
+  } else {
+    nn::write_atomically(folder.path() + "/config.json", config_text(o));
   }
+  MetricsLog metrics(metrics_file, !o.resume);
+
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   const std::size_t last_step = o.stop_after ? std::min(o.stop_after, o.steps) : o.steps;
   TrainResult result;
   double running_loss = 0, running_acc = 0;
@@ -207,7 +508,7 @@ TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
       const nlohmann::json line = {{"step", step + 1}, {"loss", running_loss / double(since_log)},
                                    {"accuracy", running_acc / double(since_log)}, {"lr", opt.lr()},
                                    {"seconds", seconds}};
-      metrics << line.dump() << "\n" << std::flush;
+      metrics.write(line.dump());
       const std::string text = fmt::format("step {:>5}/{}  loss {:.4f}  accuracy {:6.2f}%  {:.0f} steps/s  ETA {:.0f}s",
                                            step + 1, o.steps, running_loss / double(since_log),
                                            100 * running_acc / double(since_log), rate,
@@ -220,8 +521,10 @@ TrainResult train(const TrainOptions& o, std::ostream& progress, bool tty) {
     if (o.target_every && !result.steps_to_target && (step + 1) % o.target_every == 0 &&
         evaluate(model, *task, o.target_batches, o.batch, o.seed).accuracy >= o.target)
       result.steps_to_target = step + 1;
-    if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step)
-      save_checkpoint(out, model, opt, {.step = step + 1, .rng = gen.state()});
+    if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step) {
+      save_checkpoint(folder.path(), model, opt, {.step = step + 1, .rng = gen.state()});
+      folder.checkpointed();
+    }
   }
   if (tty) progress << "\n";
   result.steps = last_step;

@@ -5,12 +5,18 @@
 #include <iosfwd>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "examples/model.hpp"
 
 namespace qkv::examples {
+
+// A bad command line: the program exits with code 2 (a fault in a file, or anything else, exits 1).
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 struct TrainOptions {
   std::string task;
@@ -20,8 +26,13 @@ struct TrainOptions {
   double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0, clip = 1.0;
   std::size_t eval_batches = 32;  // of `batch` fresh sequences each
   std::size_t checkpoint_every = 500;  // and at the end
+  std::size_t threads = 1;             // recorded; the caller sets them (set_num_threads)
+  std::string blas;                    // the BLAS kernels the run started on (blas_kernels())
   std::size_t stop_after = 0;  // stop (checkpointed) after this step, to resume later; 0: run to the end
   bool resume = false;         // continue the run in `out` from its checkpoint
+  // Replace a run already in `out`: the new run trains in OUT.new until its first checkpoint, then
+  // takes OUT's place; until then the old run is untouched. Without it, train refuses such a folder.
+  bool force = false;
   // Every `target_every` steps (0: never), accuracy on `target_batches` held-out batches; the
   // first step where it reaches `target` is TrainResult::steps_to_target.
   double target = 0;
@@ -29,9 +40,33 @@ struct TrainOptions {
   ModelConfig model;
 };
 
+// The largest values train accepts. Memory is checked apart (check_memory), and refuses most runs
+// long before these.
+inline constexpr std::size_t max_steps = 1'000'000'000, max_batch = 1'000'000, max_layers = 10'000,
+                             max_width = 1'000'000, max_threads = 1024;
+
+// A value out of range: `field` is config.json's name for it ("batch", "model.d_model").
+struct OptionError : std::invalid_argument {
+  OptionError(std::string field, const std::string& message) : std::invalid_argument(message), field(std::move(field)) {}
+  std::string field;
+};
+
+// Checks every value and their combinations (heads that divide d_model, the task's vocabulary,
+// a learning rate Adam can take, the memory a step needs), and throws OptionError naming the
+// first field at fault. Nothing is allocated before it passes.
+void check_options(const TrainOptions& options);
+
+// The memory a run needs, in bytes, estimated from its options: the model with its gradients and
+// Adam's state, and a training step's activations and their gradients.
+struct MemoryEstimate {
+  double model = 0, step = 0;
+};
+MemoryEstimate estimate_memory(const TrainOptions& options);
+
 // The text of the config.json that records `options`.
 std::string config_text(const TrainOptions& options);
-// The options a run folder's config.json records; throws std::runtime_error naming the file.
+// The options a run folder's config.json records; throws std::runtime_error naming the file and
+// the field at fault.
 TrainOptions read_config(const std::string& dir);
 // The same from the text of a config.json; `file` names it in messages.
 TrainOptions parse_config(std::string_view text, const std::string& file);
@@ -52,12 +87,32 @@ double task_target(const std::string& task);
 
 // Trains, writes OUT/config.json, OUT/metrics.jsonl and checkpoints (see checkpoint.hpp), and shows
 // progress on `progress` (an in-place line when `tty`, else a line per log step). A resumed run
-// ends with weights bit-identical to those of an uninterrupted one.
+// ends with weights bit-identical to those of an uninterrupted one. The options are checked, and
+// the model and optimizer built, before the folder is touched; the folder is locked while the run
+// writes it. An existing run in OUT is refused (UsageError) unless options.resume or options.force.
+// A resume starts from the newest checkpoint that loads, and cuts metrics.jsonl back to its step.
 TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty);
 
-// The model of a run folder: rebuilt from config.json, with the weights of model.safetensors.
-// Throws std::runtime_error naming the file at fault.
+// The model of a run folder: rebuilt from config.json, with the weights of its committed
+// checkpoint's model.safetensors. Throws std::runtime_error naming the file at fault.
 std::unique_ptr<Model> load_model(const std::string& dir);
+
+// Appends one JSON object a line to a run's metrics.jsonl, flushed at once; a failed write throws
+// std::runtime_error naming the file (a full disk fails the run, rather than losing its log).
+class MetricsLog {
+ public:
+  // Opens `path` to append; with `truncate`, empties it first.
+  MetricsLog(std::string path, bool truncate);
+  void write(const std::string& line);
+
+ private:
+  std::string path_;
+  std::unique_ptr<std::ofstream> out_;
+};
+
+// Cuts a metrics.jsonl back to the lines of steps up to `step` (a resumed run writes the rest
+// again), dropping a line cut short by a kill. Throws std::runtime_error naming the file.
+void truncate_metrics(const std::string& path, std::size_t step);
 
 // Accuracy of `model` on `batches` fresh batches drawn from `seed`.
 Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed);

@@ -18,6 +18,7 @@ Fixture::Fixture() : options(examples::default_options("brackets")) {
   for (const Tensor& p : model->parameters()) loss = loss + sum(p * p);
   loss.backward();
   optimizer->step();
+  check = {.max_step = options.steps, .updated = std::vector<bool>(model->parameters().size(), true)};
   const auto& r = gen.state();
   config = examples::config_text(options);
   model_file = nn::serialize_safetensors(model->state_dict(), {{"step", "1"}});

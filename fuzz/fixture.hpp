@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "examples/checkpoint.hpp"
 #include "examples/train.hpp"
 #include "optim/adam.hpp"
 
@@ -14,6 +15,7 @@ struct Fixture {
   examples::TrainOptions options;
   std::unique_ptr<examples::Model> model;
   std::unique_ptr<optim::Adam> optimizer;
+  examples::CheckpointCheck check;  // what its checkpoint must hold: every parameter has a step's state
   // The valid files of the run.
   std::string config, model_file, optimizer_file;
 };

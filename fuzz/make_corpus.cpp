@@ -75,6 +75,12 @@ int main(int argc, char** argv) {
   put("dtype-unsupported", edited(model, [&](Json& h) { h[first]["dtype"] = "I32"; }));
   put("dtype-missing", edited(model, [&](Json& h) { h[first].erase("dtype"); }));
   put("shape-not-sizes", edited(model, [&](Json& h) { h[first]["shape"] = Json::array({-1, "2"}); }));
+  put("shape-not-whole", edited(model, [&](Json& h) { h[first]["shape"] = Json::array({2.0, 4}); }));
+  put("shape-nested", edited(model, [&](Json& h) {
+        Json deep = Json::array({2});
+        for (int i = 0; i < 40; ++i) deep = Json::array({deep});
+        h[first]["shape"] = deep;
+      }));
   put("shape-size-mismatch", edited(model, [&](Json& h) { h[first]["shape"][0] = 1000; }));
   put("shape-overflow", edited(model, [&](Json& h) {
         h[first]["shape"] = Json::array({std::uint64_t(1) << 62, 64});
@@ -115,6 +121,15 @@ int main(int argc, char** argv) {
     if (name == "0.step") t = qkv::scalar(-1.0, qkv::DType::float64);
   put("optimizer-step-negative",
       qkv::nn::serialize_safetensors(negative_step, {{"step", "1"}, {"rng", "1 2 3 4"}}));
+  // Adam's state of one parameter: one buffer gone, or all of it.
+  const auto without = [&](const std::function<bool(const std::string&)>& drop) {
+    StateDict kept;
+    for (const auto& [name, t] : run.optimizer->state_dict())
+      if (!drop(name)) kept.emplace_back(name, t);
+    return qkv::nn::serialize_safetensors(kept, {{"step", "1"}, {"rng", "1 2 3 4"}});
+  };
+  put("optimizer-buffer-missing", without([](const std::string& name) { return name == "3.exp_avg_sq"; }));
+  put("optimizer-state-missing", without([](const std::string& name) { return name.rfind("3.", 0) == 0; }));
 
   // config.json files qkv does not write.
   put("config-not-json", run.config.substr(0, run.config.size() / 2));
@@ -124,5 +139,18 @@ int main(int argc, char** argv) {
   std::string wrong_type = run.config;
   wrong_type.replace(wrong_type.find("\"causal\": true"), 14, "\"causal\": 1   ");
   put("config-wrong-type", wrong_type);
+  const auto config_with = [&](const std::string& field, const std::string& value) {
+    std::string text = run.config;
+    const std::size_t at = text.find("\"" + field + "\": ");
+    const std::size_t begin = at + field.size() + 4, end = text.find_first_of(",\n", begin);
+    return text.replace(begin, end - begin, value);
+  };
+  put("config-batch-zero", config_with("batch", "0"));
+  put("config-batch-huge", config_with("batch", "18446744073709551615"));
+  put("config-warmup-float", config_with("warmup", "1e300"));
+  put("config-d-model-negative", config_with("d_model", "-16"));
+  put("config-lr-zero", config_with("lr", "0"));
+  put("config-vocab-other", config_with("vocab_size", "3"));
+  put("config-nested", config_with("seed", std::string(30, '[') + std::string(30, ']')));
   std::cout << "wrote the corpus to " << dir.string() << "\n";
 }

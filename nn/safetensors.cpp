@@ -1,19 +1,15 @@
 #include "nn/safetensors.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
+
+#include "nn/detail/json.hpp"
 
 namespace qkv::nn {
 
@@ -58,8 +54,10 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
     bad_file(file, "tensor '{}': unknown dtype '{}'", name, code);
   const auto shape = info.find("shape");
   if (shape == info.end() || !shape->is_array()) bad_file(file, "tensor '{}': no shape array", name);
-  for (const auto& d : *shape) {
-    if (!d.is_number_unsigned()) bad_file(file, "tensor '{}': shape {} is not a list of sizes", name, shape->dump());
+  for (std::size_t i = 0; i < shape->size(); ++i) {
+    const nlohmann::json& d = (*shape)[i];
+    if (!d.is_number_unsigned())
+      bad_file(file, "tensor '{}': shape entry {} is a {}, not a size", name, i, d.type_name());
     e.shape.push_back(d.get<std::size_t>());
   }
   const auto offsets = info.find("data_offsets");
@@ -89,12 +87,8 @@ Safetensors parse_safetensors(std::string_view bytes, const std::string& file) {
   const std::uint64_t header_size = read_u64(bytes);
   if (header_size > bytes.size() - 8)
     bad_file(file, "header length {} is larger than the {} bytes that follow it", header_size, bytes.size() - 8);
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.substr(8, header_size));
-  } catch (const nlohmann::json::exception& e) {
-    bad_file(file, "invalid JSON header: {}", e.what());
-  }
+  // The header nests three levels: {name: {"shape": [sizes]}}.
+  const nlohmann::json header = detail::parse_json(bytes.substr(8, header_size), file + " (its header)", 3);
   if (!header.is_object()) bad_file(file, "the JSON header is not an object");
   const std::string_view data = bytes.substr(8 + header_size);
 
@@ -159,13 +153,9 @@ Safetensors parse_safetensors(std::string_view bytes, const std::string& file) {
 }
 
 Safetensors load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  const std::streamoff size = in.tellg();
-  std::string bytes(static_cast<std::size_t>(std::max<std::streamoff>(size, 0)), '\0');
-  in.seekg(0);
-  if (!in.read(bytes.data(), size)) throw std::runtime_error(fmt::format("{}: read failed", path));
-  return parse_safetensors(bytes, path);
+  // The data is copied once more into the tensors: a file larger than half the memory available
+  // could not be loaded.
+  return parse_safetensors(read_file(path, std::size_t(available_memory() / 2)), path);
 }
 
 void save_safetensors(const std::string& path, const StateDict& tensors,
@@ -199,37 +189,6 @@ std::string serialize_safetensors(const StateDict& tensors, const std::map<std::
     bytes.append(p, t.numel() * dtype_size(t.dtype()));
   }
   return bytes;
-}
-
-void write_atomically(const std::string& path, std::string_view bytes) {
-  const std::string tmp = path + ".tmp";
-  const auto fail_io = [&](const char* what) {
-    throw std::runtime_error(fmt::format("{}: {} failed: {}", path, what, std::strerror(errno)));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail_io("creating the temporary file");
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      fail_io("writing");
-    }
-    done += std::size_t(n);
-  }
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    fail_io("fsync");
-  }
-  if (::close(fd) != 0) fail_io("close");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_io("renaming the temporary file");
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
 }
 
 }  // namespace qkv::nn

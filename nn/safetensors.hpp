@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "core/tensor.hpp"
+#include "nn/files.hpp"  // write_atomically
 
 namespace qkv::nn {
 
@@ -30,10 +31,5 @@ std::string serialize_safetensors(const StateDict& tensors, const std::map<std::
 Safetensors load_safetensors(const std::string& path);
 // The same for bytes already in memory; `name` stands for the file in messages.
 Safetensors parse_safetensors(std::string_view bytes, const std::string& name);
-
-// Replaces `path` by `bytes` so that a reader sees the old file or the new one, never a part:
-// writes `path`.tmp, flushes it to disk, renames it over `path`, and flushes the folder. A stale
-// `path`.tmp from a save that died is simply overwritten.
-void write_atomically(const std::string& path, std::string_view bytes);
 
 }  // namespace qkv::nn

@@ -18,6 +18,11 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled)
   if (!(o.weight_decay >= 0)) fail(who, "invalid weight_decay {}: it must be non-negative", o.weight_decay);
 }
 
+std::vector<std::string> Adam::buffer_names() const {
+  if (options_.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
 namespace {
 
 struct Coefficients {

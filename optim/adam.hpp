@@ -30,7 +30,7 @@ class Adam : public Optimizer {
  protected:
   Adam(std::vector<Tensor> params, const AdamOptions& options, bool decoupled);
   void update(std::size_t i, Tensor& param, const Tensor& grad) override;
-  std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
+  std::vector<std::string> buffer_names() const override;
 
  private:
   AdamOptions options_;

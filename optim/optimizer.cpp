@@ -60,33 +60,50 @@ StateDict Optimizer::state_dict() const {
 void Optimizer::load_state_dict(const StateDict& state) {
   std::vector<StateDict> buffers(params_.size());
   std::vector<double> steps(params_.size(), 0.0);
+  std::vector<bool> has_step(params_.size(), false);
   double lr = lr_;
+  bool has_lr = false;
   const std::vector<std::string> known = buffer_names();
+  const auto repeated = [](const std::string& name) {
+    fail("Optimizer::load_state_dict", "entry '{}' appears twice", name);
+  };
   for (const auto& [name, t] : state) {
     if (name == "lr") {
+      if (has_lr) repeated(name);
+      has_lr = true;
       lr = t.item();
       continue;
     }
     const auto dot = name.find('.');
+    const std::string index = name.substr(0, dot), field = dot == std::string::npos ? "" : name.substr(dot + 1);
     std::size_t i = params_.size();
-    try {
-      i = std::stoul(name.substr(0, dot));
-    } catch (const std::exception&) {
-    }
-    const std::string field = dot == std::string::npos ? "" : name.substr(dot + 1);
+    if (!index.empty() && index.size() <= 9 && std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      i = std::stoul(index);
     if (i >= params_.size() || (field != "step" && std::find(known.begin(), known.end(), field) == known.end()))
       fail("Optimizer::load_state_dict", "unexpected entry '{}' for {} parameters with state {}", name,
            params_.size(), fmt::join(known, ", "));
+    if (t.numel() != 1 && field == "step") fail("Optimizer::load_state_dict", "'{}' is not one number", name);
     if (field == "step") {
+      if (has_step[i]) repeated(name);
+      has_step[i] = true;
       steps[i] = t.item();
-      if (!(steps[i] >= 0 && steps[i] <= 0x1p53) || steps[i] != std::floor(steps[i]))
+      if (!(steps[i] >= 1 && steps[i] <= 0x1p53) || steps[i] != std::floor(steps[i]))
         fail("Optimizer::load_state_dict", "'{}' = {} is not a step count", name, steps[i]);
     } else {
       if (t.shape() != params_[i].shape() || t.dtype() != params_[i].dtype())
         fail("Optimizer::load_state_dict", "'{}' is {} {} but parameter {} is {} {}", name, dtype_name(t.dtype()),
              to_string(t.shape()), i, dtype_name(params_[i].dtype()), to_string(params_[i].shape()));
+      if (std::any_of(buffers[i].begin(), buffers[i].end(), [&](const auto& b) { return b.first == field; })) repeated(name);
       buffers[i].emplace_back(field, t.detach().to(t.dtype()));  // a copy: the caller's tensors stay theirs
     }
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!has_step[i] && !buffers[i].empty())
+      fail("Optimizer::load_state_dict", "parameter {} has '{}.{}' but no '{}.step'", i, i, buffers[i][0].first, i);
+    if (has_step[i] && buffers[i].size() != known.size())
+      for (const std::string& name : known)
+        if (std::none_of(buffers[i].begin(), buffers[i].end(), [&](const auto& b) { return b.first == name; }))
+          fail("Optimizer::load_state_dict", "parameter {} has a step count but no '{}.{}'", i, i, name);
   }
   set_lr(lr);
   buffers_ = std::move(buffers);

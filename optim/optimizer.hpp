@@ -24,13 +24,16 @@ class Optimizer {
   // lr and every parameter's state ("0.exp_avg", "0.step", …), as copies. The other
   // hyperparameters come from the constructor, as a checkpoint's config records them.
   StateDict state_dict() const;
-  // Restores what state_dict saved: a resumed run then continues bit-identically.
+  // Restores what state_dict saved: a resumed run then continues bit-identically. Throws
+  // std::invalid_argument, changing nothing, for an unknown or repeated entry, a buffer of the
+  // wrong shape or dtype, or a parameter whose state is incomplete (a step count without each
+  // buffer the optimizer keeps, or buffers without a step count).
   void load_state_dict(const StateDict& state);
 
  protected:
   // Updates parameter i, whose gradient is defined; T is its dtype.
   virtual void update(std::size_t i, Tensor& param, const Tensor& grad) = 0;
-  // The names of the per-parameter buffers this optimizer keeps (all of the parameter's shape).
+  // The buffers, all of the parameter's shape, that each updated parameter has with these options.
   virtual std::vector<std::string> buffer_names() const = 0;
 
   // Parameter i's buffer `name` (a handle: writes reach the state), created as zeros on first

@@ -23,7 +23,9 @@ class SGD : public Optimizer {
 
  protected:
   void update(std::size_t i, Tensor& param, const Tensor& grad) override;
-  std::vector<std::string> buffer_names() const override { return {"momentum_buffer"}; }
+  std::vector<std::string> buffer_names() const override {
+    return options_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
 
  private:
   SGDOptions options_;

@@ -5,7 +5,10 @@
 #include <catch2/catch.hpp>
 #include <xtensor/xview.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 #include "core/autograd.hpp"
@@ -13,6 +16,14 @@
 #include "core/ops.hpp"
 
 namespace qkv::test {
+
+// A fresh, empty folder under the system's temporary directory, unique to this process.
+inline std::string scratch(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("qkv_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
 
 // Values in row-major order, in the given shape.
 inline Array<double> shaped(std::initializer_list<double> values, const Shape& shape) {

@@ -23,6 +23,7 @@ inline examples::TrainOptions short_run(const std::string& task, const std::stri
   o.log_every = 10;
   o.eval_batches = 2;
   o.out = temp_folder("train_" + out);
+  std::filesystem::remove_all(o.out);  // a fresh folder: train refuses to replace a run without force
   return o;
 }
 

@@ -32,7 +32,7 @@ std::string verdict(const fuzz::Fixture& run, const std::string& role, const std
       const nn::Safetensors model = role == "model.safetensors" ? file : nn::parse_safetensors(run.model_file, "m");
       const nn::Safetensors optimizer =
           role == "optimizer.safetensors" ? file : nn::parse_safetensors(run.optimizer_file, "o");
-      examples::restore_checkpoint("fuzz", model, optimizer, *run.model, *run.optimizer);
+      examples::restore_checkpoint("fuzz", model, optimizer, *run.model, *run.optimizer, run.check);
     }
   } catch (const std::runtime_error& e) {
     return e.what();
@@ -55,12 +55,14 @@ TEST_CASE("every file of the fuzz corpus loads, or is rejected naming its fault"
       {"truncated-json", {"model.safetensors", "is larger than the 32 bytes that follow it"}},
       {"truncated-data", {"model.safetensors", "lie outside the"}},
       {"header-too-long", {"model.safetensors", "header length 1099511627776 is larger than the"}},
-      {"header-not-json", {"model.safetensors", "invalid JSON header"}},
+      {"header-not-json", {"model.safetensors", "fuzz/model.safetensors (its header): invalid JSON"}},
       {"header-not-object", {"model.safetensors", "the JSON header is not an object"}},
       {"dtype-unknown", {"model.safetensors", "unknown dtype 'F17'"}},
       {"dtype-unsupported", {"model.safetensors", "dtype I32 is not supported"}},
       {"dtype-missing", {"model.safetensors", "no dtype string"}},
-      {"shape-not-sizes", {"model.safetensors", "is not a list of sizes"}},
+      {"shape-not-sizes", {"model.safetensors", "shape entry 0 is a number, not a size"}},
+      {"shape-not-whole", {"model.safetensors", "shape entry 0 is a number, not a size"}},
+      {"shape-nested", {"model.safetensors", "JSON nested more than 3 levels deep"}},
       {"shape-size-mismatch", {"model.safetensors", "but data_offsets span"}},
       {"shape-overflow", {"model.safetensors", "needs more than 2^64 bytes"}},
       {"offsets-outside", {"model.safetensors", "lie outside the"}},
@@ -75,9 +77,18 @@ TEST_CASE("every file of the fuzz corpus loads, or is rejected naming its fault"
       {"step-other", {"model.safetensors", "the model is from step 2 but the optimizer from step 1"}},
       {"rng-short", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' is not four numbers"}},
       {"optimizer-step-negative", {"optimizer.safetensors", "'0.step' = -1 is not a step count"}},
+      {"optimizer-buffer-missing", {"optimizer.safetensors", "parameter 3 has a step count but no '3.exp_avg_sq'"}},
+      {"optimizer-state-missing", {"optimizer.safetensors", "parameter 3 has no state after 1 steps of training"}},
       {"config-not-json", {"config.json", "fuzz/config.json: invalid JSON"}},
-      {"config-unknown-task", {"config.json", "unknown task 'sorting!'"}},
-      {"config-wrong-type", {"config.json", "missing or malformed 'causal'"}},
+      {"config-unknown-task", {"config.json", "'task' must be one of brackets, rps, induction"}},
+      {"config-wrong-type", {"config.json", "'model.causal' must be true or false, not a number"}},
+      {"config-batch-zero", {"config.json", "fuzz/config.json: 'batch' is 0, out of range [1, 1000000]"}},
+      {"config-batch-huge", {"config.json", "'batch' is 18446744073709551615, out of range"}},
+      {"config-warmup-float", {"config.json", "'warmup' must be a whole number in [0, 1000000000], not a fraction"}},
+      {"config-d-model-negative", {"config.json", "'model.d_model' is -16, out of range [1, 1000000]"}},
+      {"config-lr-zero", {"config.json", "'lr' is 0; it must be in (0, 10]"}},
+      {"config-vocab-other", {"config.json", "'model.vocab_size' is 3, but the brackets task has"}},
+      {"config-nested", {"config.json", "fuzz/config.json: JSON nested more than 2 levels deep"}},
   };
   std::set<std::string> seen;
   for (const auto& entry : std::filesystem::directory_iterator(QKV_FUZZ_CORPUS)) {

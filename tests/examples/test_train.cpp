@@ -6,6 +6,7 @@
 
 #include "examples/train.hpp"
 #include "examples/checkpoint.hpp"
+#include "nn/checkpoint.hpp"
 #include "nn/safetensors.hpp"
 #include "tests/examples/short_run.hpp"
 
@@ -89,18 +90,30 @@ TEST_CASE("a resumed run ends with weights bit-identical to an uninterrupted run
   }
 }
 
-TEST_CASE("a checkpoint whose files disagree, or a folder without a run, is named") {
-  std::ostringstream quiet;
+TEST_CASE("a resume falls back to the newest checkpoint that loads, naming what it passed over") {
+  std::ostringstream notes;
   const TrainOptions o = short_run("rps", "broken", 4, 2);
-  train(o, quiet, false);
-  // An optimizer file from another step, as a save that died between the two files leaves.
-  const auto opt = nn::load_safetensors(o.out + "/optimizer.safetensors");
+  train(o, notes, false);
+  const std::string newest = *nn::committed_checkpoint(o.out);
+  CHECK(newest == o.out + "/checkpoint-00000004");
+  // An optimizer file from another step, as a save that died between the two files once left.
+  const auto opt = nn::load_safetensors(newest + "/optimizer.safetensors");
   auto meta = opt.metadata;
   meta["step"] = std::to_string(2);
-  nn::save_safetensors(o.out + "/optimizer.safetensors", opt.tensors, meta);
+  nn::save_safetensors(newest + "/optimizer.safetensors", opt.tensors, meta);
   TrainOptions again = read_config(o.out);
   again.resume = true;
-  CHECK_THROWS_WITH(train(again, quiet, false), Catch::Matchers::Contains("the model is from step 4 but the optimizer from step 2"));
+  notes.str("");
+  CHECK(train(again, notes, false).steps == 4);
+  CHECK_THAT(notes.str(), Catch::Matchers::Contains("resuming from " + o.out + "/checkpoint-00000002 (step 2)") &&
+                              Catch::Matchers::Contains("the model is from step 4 but the optimizer from step 2"));
+  CHECK(*nn::committed_checkpoint(o.out) == newest);  // written anew
+  // With every checkpoint broken, the resume fails naming each.
+  for (const auto& [step, folder] : nn::checkpoint_folders(o.out)) std::filesystem::remove(folder + "/model.safetensors");
+  CHECK_THROWS_WITH(train(again, notes, false),
+                    Catch::Matchers::Contains("no checkpoint loads") &&
+                        Catch::Matchers::Contains("checkpoint-00000004/model.safetensors: cannot open") &&
+                        Catch::Matchers::Contains("checkpoint-00000002/model.safetensors: cannot open"));
   CHECK_THROWS_WITH(read_config("/nonexistent/run"), Catch::Matchers::Contains("/nonexistent/run/config.json: cannot open"));
 }
 
@@ -132,7 +145,7 @@ TEST_CASE("a checkpoint with missing or unexpected tensors is named") {
   std::ostringstream quiet;
   const TrainOptions o = short_run("rps", "names", 2);
   train(o, quiet, false);
-  const std::string file = o.out + "/model.safetensors";
+  const std::string file = *nn::committed_checkpoint(o.out) + "/model.safetensors";
   auto model = nn::load_safetensors(file);
   const std::string dropped = model.tensors.back().first;
   model.tensors.pop_back();
@@ -175,7 +188,76 @@ TEST_CASE("steps to target: the first check at or above the target, none when ne
   o.target = 0;  // reached at the first check
   CHECK(train(o, quiet, false).steps_to_target == std::optional<std::size_t>(5));
   o.target = 1.5;  // never
+  o.force = true;
   CHECK_FALSE(train(o, quiet, false).steps_to_target);
   CHECK(task_target("induction") == 0.95);
   CHECK(task_target("brackets") == 0.99);
+}
+
+TEST_CASE("a failed write to metrics.jsonl fails the run, naming the file") {
+  MetricsLog log("/dev/full", false);
+  CHECK_THROWS_WITH(log.write(R"({"step": 1})"), Catch::Matchers::Contains("/dev/full: writing failed"));
+}
+
+TEST_CASE("truncate_metrics keeps the lines up to a step, lines it did not write, and drops a cut-off line") {
+  const std::string file = qkv::test::scratch("metrics") + "/metrics.jsonl";
+  nn::write_atomically(file, "{\"step\":100}\n{\"step\":200}\nnot json\n{\"step\":300}\n{\"step\":4");
+  truncate_metrics(file, 200);
+  CHECK(nn::read_file(file, 1000) == "{\"step\":100}\n{\"step\":200}\nnot json\n");
+  truncate_metrics(file + ".missing", 10);  // nothing to cut
+  CHECK_FALSE(std::filesystem::exists(file + ".missing"));
+}
+
+TEST_CASE("train refuses a folder that holds a run, or files that are not one, and touches nothing") {
+  std::ostringstream quiet;
+  TrainOptions o = short_run("rps", "refuse", 2);
+  train(o, quiet, false);
+  const std::string config = nn::read_file(o.out + "/config.json", 1 << 20);
+  CHECK_THROWS_AS(train(o, quiet, false), UsageError);
+  o.lr = 100;
+  o.force = true;
+  CHECK_THROWS_AS(train(o, quiet, false), OptionError);
+  CHECK(nn::read_file(o.out + "/config.json", 1 << 20) == config);
+  TrainOptions other = short_run("rps", "refuse_other", 2);
+  std::filesystem::create_directories(other.out);
+  nn::write_atomically(other.out + "/notes.txt", "mine");
+  CHECK_THROWS_WITH(train(other, quiet, false), Catch::Matchers::Contains("holds 'notes.txt' and no qkv run"));
+}
+
+TEST_CASE("check_options names the field at fault, and estimate_memory grows with the batch and the model") {
+  TrainOptions o = default_options("brackets");
+  CHECK_NOTHROW(check_options(o));
+  const auto field_of = [](const TrainOptions& bad) -> std::string {
+    try {
+      check_options(bad);
+    } catch (const OptionError& e) {
+      return e.field;
+    }
+    return "";
+  };
+  TrainOptions bad = o;
+  bad.model.heads = 3;
+  CHECK(field_of(bad) == "model.heads");
+  bad = o;
+  bad.model.max_len = 3;  // shorter than the task's sequences
+  CHECK(field_of(bad) == "model.max_len");
+  bad = o;
+  bad.lr = std::numeric_limits<double>::infinity();
+  CHECK(field_of(bad) == "lr");
+  bad = o;
+  bad.batch = 1'000'000;
+  bad.model.d_model = 4096;
+  CHECK(field_of(bad) == "batch");
+  const MemoryEstimate small = estimate_memory(o);
+  o.batch *= 2;
+  CHECK(estimate_memory(o).step == Approx(2 * small.step).epsilon(0.01));
+  CHECK(estimate_memory(o).model == small.model);
+  // Each parameter takes 16 bytes (value, gradient, two Adam moments): the estimate counts them all,
+  // and not many more.
+  Generator gen(0);
+  const Model model(o.model, gen);
+  double params = 0;
+  for (const Tensor& p : model.parameters()) params += double(p.numel());
+  CHECK(small.model >= 16 * params);
+  CHECK(small.model <= 2 * 16 * params);
 }

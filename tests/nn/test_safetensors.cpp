@@ -12,16 +12,9 @@ using namespace qkv;
 using namespace qkv::nn;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
+using Catch::Matchers::Equals;
 
 namespace {
-
-// A fresh folder for one test's files.
-std::string scratch(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("qkv_test_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
 
 // header length (u64 little-endian) + header + data.
 std::string file_bytes(const std::string& header, const std::string& data) {
@@ -102,7 +95,7 @@ TEST_CASE("the loader rejects each kind of broken file, naming the file and the 
              Contains(fmt::format("header length {} is larger than the 12 bytes that follow it", ok_header.size())));
   std::string huge(16, '\xff');
   CHECK_THAT(runtime_error_message(huge), Contains("header length 18446744073709551615 is larger"));
-  CHECK_THAT(runtime_error_message(file_bytes(R"({"w": {"dtype": )", "")), Contains("invalid JSON header"));
+  CHECK_THAT(runtime_error_message(file_bytes(R"({"w": {"dtype": )", "")), Contains("model.safetensors (its header): invalid JSON"));
   CHECK_THAT(runtime_error_message(file_bytes("[1, 2]", "")), Contains("the JSON header is not an object"));
   CHECK_THAT(runtime_error_message(file_bytes(R"({"w":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", floats({1, 2}))),
              Contains("tensor 'w': unknown dtype 'Q7'"));
@@ -124,7 +117,16 @@ TEST_CASE("the loader rejects each kind of broken file, naming the file and the 
   CHECK_THAT(runtime_error_message(file_bytes(ok_header, floats({1, NAN}))), Contains("tensor 'w' holds nan at flat index 1"));
   CHECK_THAT(runtime_error_message(file_bytes(ok_header, floats({INFINITY, 2}))), Contains("tensor 'w' holds inf at flat index 0"));
   CHECK_THAT(runtime_error_message(file_bytes(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", floats({1, 2}))),
-             Contains("is not a list of sizes"));
+             Contains("tensor 'w': shape entry 0 is a number, not a size"));
+  CHECK_THAT(runtime_error_message(file_bytes(R"({"w":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", floats({1, 2}))),
+             Contains("tensor 'w': shape entry 0 is a number, not a size"));
+  CHECK_THAT(runtime_error_message(file_bytes(R"({"w":{"dtype":"F32","shape":[1,[2]],"data_offsets":[0,8]}})", floats({1, 2}))),
+             Contains("JSON nested more than 3 levels deep"));
+  // Nested 100,000 deep: printing, copying or freeing such a value recursively would overflow the stack.
+  const std::string deep = R"({"w":{"dtype":"F32","shape":)" + std::string(100000, '[') + std::string(100000, ']') +
+                           R"(,"data_offsets":[0,8]}})";
+  CHECK_THAT(runtime_error_message(file_bytes(deep, floats({1, 2}))),
+             Equals("model.safetensors (its header): JSON nested more than 3 levels deep"));
   CHECK_THAT(runtime_error_message(file_bytes(R"({"__metadata__":{"k":3}})", "")), Contains("__metadata__ 'k' is not a string"));
   CHECK_THROWS_WITH(load_safetensors("/nonexistent/x.safetensors"), Contains("/nonexistent/x.safetensors: cannot open"));
 }

@@ -243,6 +243,28 @@ TEST_CASE("load_state_dict rejects state that does not fit the parameters") {
              Contains("item: the tensor has shape (2), not one element"));
 }
 
+TEST_CASE("load_state_dict rejects a parameter's incomplete or repeated state, and changes nothing then") {
+  const std::vector<Tensor> ps{f64({1.0, 2.0}, true), f64({3.0}, true)};
+  Adam opt(ps, {.lr = 0.5});
+  const Tensor m = f64({0.1, 0.2}), v = f64({0.3, 0.4});
+  CHECK_THAT(invalid_argument_message([&] { opt.load_state_dict({{"0.step", scalar(3.0, DType::float64)}, {"0.exp_avg", m}}); }),
+             Contains("parameter 0 has a step count but no '0.exp_avg_sq'"));
+  CHECK_THAT(invalid_argument_message([&] { opt.load_state_dict({{"0.exp_avg", m}, {"0.exp_avg_sq", v}}); }),
+             Contains("parameter 0 has '0.exp_avg' but no '0.step'"));
+  CHECK_THAT(invalid_argument_message([&] {
+               opt.load_state_dict({{"0.step", scalar(3.0, DType::float64)}, {"0.exp_avg", m}, {"0.exp_avg", m}, {"0.exp_avg_sq", v}});
+             }),
+             Contains("entry '0.exp_avg' appears twice"));
+  // max_exp_avg_sq belongs to amsgrad only.
+  CHECK_THAT(invalid_argument_message([&] { opt.load_state_dict({{"0.max_exp_avg_sq", v}}); }),
+             Contains("unexpected entry '0.max_exp_avg_sq'"));
+  CHECK(opt.lr() == 0.5);
+  CHECK(opt.state_dict().size() == 1);  // lr alone: no state was taken in
+  opt.load_state_dict({{"lr", scalar(0.25, DType::float64)}, {"0.step", scalar(3.0, DType::float64)}, {"0.exp_avg", m}, {"0.exp_avg_sq", v}});
+  CHECK(opt.lr() == 0.25);
+  CHECK(opt.state_dict().size() == 4);
+}
+
 TEST_CASE("clip_grad_norm scales all gradients together and returns the norm before") {
   Tensor a = f64({1.0, 1.0}, true), b = f64({1.0}, true);
   (sum(a * f64({3, 4})) + sum(b * 12.0)).backward();  // gradients (3,4) and (12): norm 13

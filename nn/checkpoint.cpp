@@ -1,0 +1,187 @@
+#include "nn/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "nn/files.hpp"
+
+namespace qkv::nn {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view prefix = "checkpoint-";
+
+[[noreturn]] void fail_io(const std::string& path, const std::string& what) {
+  throw std::runtime_error(fmt::format("{}: {} failed: {}", path, what, std::strerror(errno)));
+}
+
+std::string folder_name(std::size_t step) { return fmt::format("{}{:08}", prefix, step); }
+
+// The step of a name "checkpoint-DIGITS", if it is one.
+std::optional<std::size_t> step_of(std::string_view name) {
+  if (name.substr(0, prefix.size()) != prefix || name.size() == prefix.size() || name.size() > prefix.size() + 19)
+    return std::nullopt;
+  std::size_t step = 0;
+  for (const char c : name.substr(prefix.size())) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + std::size_t(c - '0');
+  }
+  return step;
+}
+
+// Points DIR/NAME at `target` in one step: a new link, renamed over the old entry.
+void link_atomically(const std::string& dir, const std::string& name, const std::string& target) {
+  const std::string path = dir + "/" + name, tmp = path + ".tmp";
+  std::error_code ignored;
+  fs::remove(tmp, ignored);
+  if (::symlink(target.c_str(), tmp.c_str()) != 0) fail_io(tmp, "creating a link");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_io(path, "renaming the new link");
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code error;
+  fs::remove_all(path, error);
+  if (error) throw std::runtime_error(fmt::format("{}: removing failed: {}", path, error.message()));
+}
+
+// The step DIR/checkpoint points at, if it is a link to a checkpoint folder.
+std::optional<std::size_t> committed_step(const std::string& dir) {
+  std::error_code error;
+  const fs::path target = fs::read_symlink(dir + "/checkpoint", error);
+  if (error) return std::nullopt;
+  return step_of(target.string());
+}
+
+// Keeps the committed checkpoint and the newest one before it; removes the rest.
+void remove_old_checkpoints(const std::string& dir, std::size_t committed) {
+  bool kept_previous = false;
+  for (const auto& [step, path] : checkpoint_folders(dir)) {
+    if (step == committed) continue;
+    if (step < committed && !kept_previous) {
+      kept_previous = true;
+      continue;
+    }
+    remove_tree(path);
+  }
+}
+
+// The links DIR/NAME -> checkpoint/NAME through which readers find each file.
+void link_files(const std::string& dir, const CheckpointFiles& files) {
+  for (const auto& [name, bytes] : files) {
+    std::error_code error;
+    const fs::path target = fs::read_symlink(dir + "/" + name, error);
+    if (error || target != "checkpoint/" + name) link_atomically(dir, name, "checkpoint/" + name);
+  }
+}
+
+}  // namespace
+
+RunLock::RunLock(const std::string& dir) {
+  const std::string path = dir + "/run.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail_io(path, "opening the lock");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    char pid[32] = {};
+    const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (error != EWOULDBLOCK) {
+      errno = error;
+      fail_io(path, "locking");
+    }
+    std::string holder(pid, std::size_t(std::max<ssize_t>(n, 0)));
+    holder.erase(std::remove(holder.begin(), holder.end(), '\n'), holder.end());
+    throw std::runtime_error(fmt::format("{}: in use by another process (pid {}), which holds {}", dir,
+                                         holder.empty() ? "unknown" : holder, path));
+  }
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size()))
+    fail_io(path, "writing the lock");
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+RunLock::RunLock(RunLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+
+void commit_checkpoint(const std::string& dir, std::size_t step, const CheckpointFiles& files) {
+  const std::string name = folder_name(step), final_path = dir + "/" + name, tmp = final_path + ".tmp";
+  if (committed_step(dir) == step)
+    throw std::logic_error(fmt::format("commit_checkpoint: {} is committed already", final_path));
+  remove_tree(tmp);
+  if (::mkdir(tmp.c_str(), 0755) != 0) fail_io(tmp, "creating the folder");
+  for (const auto& [file, bytes] : files) write_durably(tmp + "/" + file, bytes);
+  sync_folder(tmp);
+  remove_tree(final_path);  // a checkpoint of an abandoned run of steps; never the committed one
+  if (std::rename(tmp.c_str(), final_path.c_str()) != 0) fail_io(final_path, "renaming the new checkpoint");
+  sync_folder(dir);
+  link_atomically(dir, "checkpoint", name);  // the commit
+  sync_folder(dir);
+  link_files(dir, files);
+  remove_old_checkpoints(dir, step);
+  sync_folder(dir);
+}
+
+std::optional<std::string> committed_checkpoint(const std::string& dir) {
+  if (const auto step = committed_step(dir)) return dir + "/" + folder_name(*step);
+  std::error_code error;
+  if (fs::is_regular_file(fs::symlink_status(dir + "/model.safetensors", error))) return dir;  // an older run's layout
+  return std::nullopt;
+}
+
+std::vector<std::pair<std::size_t, std::string>> checkpoint_folders(const std::string& dir) {
+  std::vector<std::pair<std::size_t, std::string>> out;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const auto step = step_of(entry.path().filename().string());
+    if (step && entry.is_directory(error) && !entry.is_symlink(error)) out.emplace_back(*step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+void recommit_checkpoint(const std::string& dir, std::size_t step) {
+  link_atomically(dir, "checkpoint", folder_name(step));
+  sync_folder(dir);
+}
+
+void remove_partial_files(const std::string& dir) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) remove_tree(entry.path().string());
+  }
+}
+
+void replace_folder(const std::string& dir, const std::string& replacement) {
+  std::string old = replacement;  // where the old run goes
+  if (::renameat2(AT_FDCWD, replacement.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {
+    if (errno != EINVAL && errno != ENOSYS) fail_io(dir, fmt::format("swapping in {}", replacement));
+    // A file system without the exchange: two renames, with a moment where `dir` is missing.
+    old = dir + ".old.tmp";
+    remove_tree(old);
+    if (std::rename(dir.c_str(), old.c_str()) != 0) fail_io(dir, fmt::format("renaming to {}", old));
+    if (std::rename(replacement.c_str(), dir.c_str()) != 0) fail_io(replacement, fmt::format("renaming to {}", dir));
+  }
+  const fs::path parent = fs::path(dir).parent_path();
+  sync_folder(parent.empty() ? "." : parent.string());
+  remove_tree(old);
+}
+
+}  // namespace qkv::nn

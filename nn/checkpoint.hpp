@@ -1,0 +1,65 @@
+#pragma once
+// A run folder's checkpoints, so that no run is ever lost:
+//
+//   DIR/checkpoint-00001000/        one complete checkpoint: its files (model.safetensors, …)
+//   DIR/checkpoint -> checkpoint-00001000            the committed one
+//   DIR/model.safetensors -> checkpoint/model.safetensors   (and each other file likewise)
+//   DIR/run.lock                    held by the process that writes the folder
+//
+// A checkpoint is written into checkpoint-STEP.tmp/, each file flushed to disk, the folder renamed
+// to checkpoint-STEP/, then committed in one step: a new DIR/checkpoint link renamed over the old
+// one. A process killed at any moment leaves the previous checkpoint committed and whole; what it
+// left half-written ends in .tmp and remove_partial_files clears it. The checkpoint before the
+// committed one is kept, so that a resume can fall back to it if the newest cannot be read.
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace qkv::nn {
+
+// An exclusive lock on a run folder (flock on DIR/run.lock), released when this object goes. A
+// second process that asks for it fails at once with std::runtime_error naming the folder and the
+// holder's pid, rather than mixing its files with the first one's.
+class RunLock {
+ public:
+  explicit RunLock(const std::string& dir);
+  ~RunLock();
+  RunLock(RunLock&& other) noexcept;
+  RunLock& operator=(RunLock&&) = delete;
+  RunLock(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// File name → bytes.
+using CheckpointFiles = std::vector<std::pair<std::string, std::string>>;
+
+// Writes `files` as DIR/checkpoint-STEP and commits it (see above), then removes every other
+// checkpoint but the newest one before it. Throws std::runtime_error naming the file on an I/O
+// error, with the previous checkpoint still committed.
+void commit_checkpoint(const std::string& dir, std::size_t step, const CheckpointFiles& files);
+
+// The folder that holds the committed checkpoint's files: DIR/checkpoint-STEP, or DIR itself for
+// a run written before checkpoints had folders of their own (its files directly in DIR); none
+// when the run has no checkpoint yet.
+std::optional<std::string> committed_checkpoint(const std::string& dir);
+
+// Every DIR/checkpoint-STEP folder, newest first, as (step, path).
+std::vector<std::pair<std::size_t, std::string>> checkpoint_folders(const std::string& dir);
+
+// Commits an existing checkpoint folder again: a resume that fell back to it. The newer ones stay
+// until the resumed run commits its next checkpoint.
+void recommit_checkpoint(const std::string& dir, std::size_t step);
+
+// Removes what a write that died left in DIR: every entry whose name ends in .tmp.
+void remove_partial_files(const std::string& dir);
+
+// Swaps the folder `dir` with `replacement` in one step (renameat2 RENAME_EXCHANGE), then removes
+// what was at `dir`. For `--force`: the old run stays until the new one has its first checkpoint.
+void replace_folder(const std::string& dir, const std::string& replacement);
+
+}  // namespace qkv::nn

@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# The qkv program as a user (or an attacker) meets it: a run folder damaged or raced in one way,
+# then the command that must refuse it, with the exit code and a message naming the file and the
+# field. CTest runs each scenario on its own:
+#   tests/cli/scenarios.sh QKV_BINARY SCENARIO
+set -uo pipefail
+qkv="$1"
+scenario="$2"
+work="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+cd "$work"
+
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+
+# Runs a command; its exit code in $code, its stderr in $err.
+run() {
+  err="$("$@" 2>&1 >/dev/null)"
+  code=$?
+}
+
+# expect CODE TEXT: the last run exited with CODE and said TEXT.
+expect() {
+  [ "$code" -eq "$1" ] || fail "exit code $code, expected $1; it said: $err"
+  grep -qF -- "$2" <<<"$err" || fail "expected '$2' in: $err"
+}
+
+# A small trained run: checkpoints at steps 10, 20, 30, 40.
+small_run() {
+  "$qkv" train brackets --out "${1:-run}" --steps 40 --checkpoint-every 10 --layers 1 --heads 1 --d-model 8 \
+    >/dev/null 2>&1 || fail "the small run did not train"
+}
+
+# config.json's FIELD set to VALUE (the file is written two spaces an indent, a field a line).
+set_field() {
+  sed -i -E "s/(\"$1\": )[^,]*/\1$2/" run/config.json
+  grep -q "\"$1\": $2" run/config.json || fail "could not set $1"
+}
+
+# Every file of the run but its lock, which a refused command may take for a moment.
+checksum() { find run -type f ! -name run.lock -exec sha256sum {} + | sort; }
+
+case "$scenario" in
+  batch-zero)  # was SIGFPE in eval, a heap overflow in resume
+    small_run
+    set_field batch 0
+    run "$qkv" eval run
+    expect 1 "run/config.json: 'batch' is 0, out of range"
+    run "$qkv" train brackets --out run --resume
+    expect 1 "run/config.json: 'batch' is 0, out of range"
+    ;;
+  batch-huge)  # was accuracy 0 on 0 sequences, exit 0
+    small_run
+    set_field batch 18446744073709551615
+    run "$qkv" eval run
+    expect 1 "run/config.json: 'batch' is 18446744073709551615, out of range"
+    ;;
+  warmup-float)  # was a float-to-integer cast out of range
+    small_run
+    set_field warmup 1e300
+    run "$qkv" train brackets --out run --resume
+    expect 1 "run/config.json: 'warmup' must be a whole number"
+    ;;
+  d-model-negative)
+    small_run
+    set_field d_model -16
+    run "$qkv" inspect run
+    expect 1 "run/config.json: 'model.d_model' is -16, out of range"
+    ;;
+  lr-zero)
+    small_run
+    set_field lr 0
+    run "$qkv" eval run
+    expect 1 "run/config.json: 'lr' is 0; it must be in (0, 10]"
+    ;;
+  d-model-huge)  # a 500-byte file must not allocate gigabytes
+    small_run
+    set_field d_model 500000
+    run timeout 10 "$qkv" eval run
+    expect 1 "run/config.json: 'model.d_model' needs about"
+    ;;
+  vocab-other)  # was "embedding: index 3 out of range", exit 2
+    small_run
+    set_field vocab_size 3
+    run "$qkv" eval run
+    expect 1 "run/config.json: 'model.vocab_size' is 3, but the brackets task has 6 tokens"
+    ;;
+  shape-nested)  # was SIGSEGV printing the shape
+    small_run
+    perl -e '$h = q({"w":{"dtype":"F32","shape":) . ("[" x 100000) . ("]" x 100000) . q(,"data_offsets":[0,0]}});
+             print pack("Q<", length($h)), $h' >run/checkpoint-00000040/model.safetensors
+    for command in "eval run" "inspect run" "train brackets --out run --resume"; do
+      run $qkv $command
+      # A resume falls back to the checkpoint before, and says why.
+      if [ "$command" = "train brackets --out run --resume" ]; then
+        expect 0 "JSON nested more than 3 levels deep"
+      else
+        expect 1 "run/checkpoint-00000040/model.safetensors (its header): JSON nested more than 3 levels deep"
+      fi
+    done
+    ;;
+  fifo-config)  # was a hang
+    small_run
+    rm run/config.json
+    mkfifo run/config.json
+    run timeout 10 "$qkv" eval run
+    expect 1 "run/config.json: is a FIFO, not a regular file"
+    ;;
+  folder-model)  # was std::bad_alloc, asking for 2^63 bytes
+    small_run
+    rm run/checkpoint-00000040/model.safetensors
+    mkdir run/checkpoint-00000040/model.safetensors
+    run "$qkv" eval run
+    expect 1 "run/checkpoint-00000040/model.safetensors: is a folder, not a regular file"
+    ;;
+  config-folder)  # was "basic_filebuf::underflow", exit 2
+    small_run
+    rm run/config.json
+    mkdir run/config.json
+    run "$qkv" inspect run
+    expect 1 "run/config.json: is a folder, not a regular file"
+    ;;
+  existing-out)  # was a silent replacement
+    small_run
+    before="$(checksum)"
+    run "$qkv" train brackets --out run --steps 5
+    expect 2 "--out run: holds a run already; give --resume to continue it or --force to replace it"
+    for lr in inf 1e308 0 -1; do
+      run "$qkv" train brackets --out run --force --lr "$lr"
+      expect 2 "--lr: is"
+    done
+    [ "$before" = "$(checksum)" ] || fail "the run changed"
+    "$qkv" eval run >/dev/null || fail "the run no longer loads"
+    ;;
+  force-replaces)  # the old run stays until the new one's first checkpoint
+    small_run
+    old_model="$(sha256sum <run/model.safetensors)"
+    "$qkv" train brackets --out run --force --steps 100000 --checkpoint-every 100000 >/dev/null 2>&1 &
+    sleep 1
+    [ -d run.new ] || fail "the replacement does not train in run.new"
+    [ "$(sha256sum <run/model.safetensors)" = "$old_model" ] || fail "the old run changed before the new one's checkpoint"
+    kill $!
+    wait $! 2>/dev/null
+    "$qkv" eval run >/dev/null || fail "the old run no longer loads after the replacement was killed"
+    grep -q '"steps": 40' run/config.json || fail "the old config changed"
+    run "$qkv" train brackets --out run --force --steps 12 --checkpoint-every 5 --layers 1 --heads 1 --d-model 8
+    expect 0 ""
+    grep -q '"steps": 12' run/config.json || fail "the run was not replaced"
+    [ ! -e run.new ] || fail "run.new is left over"
+    [ "$(ls -d run/checkpoint-*/ | wc -l)" -eq 2 ] || fail "the old run's checkpoints are left over"
+    ;;
+  lock)  # was two runs mixing one folder's files
+    small_run
+    "$qkv" train brackets --out run2 --steps 100000 >/dev/null 2>&1 &
+    for _ in $(seq 50); do [ -s run2/run.lock ] && break; sleep 0.1; done
+    run "$qkv" train brackets --out run2 --resume
+    expect 1 "run2: in use by another process (pid $!)"
+    run "$qkv" train brackets --out run2 --force
+    expect 1 "run2: in use by another process (pid $!)"
+    ;;
+  resume-metrics)  # the steps between the checkpoint and the kill were logged twice
+    "$qkv" train brackets --out run --steps 400 --checkpoint-every 200 --layers 1 --heads 1 --d-model 8 >/dev/null 2>&1
+    # As if killed at step 350: the run's checkpoint at 200, its log to 300 and half a line.
+    rm -rf run/checkpoint-00000400
+    ln -sfn checkpoint-00000200 run/checkpoint
+    head -n 3 run/metrics.jsonl >run/m && printf '{"step": 4' >>run/m && mv run/m run/metrics.jsonl
+    touch run/config.json.tmp
+    mkdir run/checkpoint-00000300.tmp
+    run "$qkv" train brackets --out run --resume
+    expect 0 ""
+    steps="$(grep -o '"step":[0-9]*' run/metrics.jsonl | cut -d: -f2 | tr '\n' ' ')"
+    [ "$steps" = "100 200 300 400 " ] || fail "metrics.jsonl holds steps $steps"
+    [ ! -e run/config.json.tmp ] && [ ! -e run/checkpoint-00000300.tmp ] || fail "partial files are left over"
+    ;;
+  config-records)  # --checkpoint-every, --threads and the BLAS kernels are saved; a resume says when they differ
+    "$qkv" train brackets --out run --steps 20 --checkpoint-every 7 --threads 2 --layers 1 --heads 1 --d-model 8 \
+      >/dev/null 2>&1
+    grep -q '"checkpoint_every": 7' run/config.json || fail "checkpoint_every is not saved"
+    grep -q '"threads": 2' run/config.json || fail "threads is not saved"
+    grep -q '"blas": "[A-Za-z0-9]*"' run/config.json || fail "the BLAS kernels are not saved"
+    rm -rf run/checkpoint-00000020
+    ln -sfn checkpoint-00000014 run/checkpoint
+    run "$qkv" train brackets --out run --resume --threads 1
+    expect 0 "the run started on 2 threads and resumes on 1"
+    set_field blas '"Prescott"'
+    rm -rf run/checkpoint-00000020
+    ln -sfn checkpoint-00000014 run/checkpoint
+    run "$qkv" train brackets --out run --resume
+    expect 0 "the run started on the Prescott BLAS kernels"
+    ;;
+  step-out-of-range)  # a checkpoint step of -1, or past the run's steps, trained nothing and exited 0
+    small_run
+    for step in -1 99; do  # as long as "40": the header keeps its length
+      for file in model optimizer; do
+        perl -0777 -pi -e 's/"step":"40"/"step":"'$step'"/' run/checkpoint-00000040/$file.safetensors
+      done
+      run "$qkv" train brackets --out run --resume
+      expect 0 "passed over"
+      grep -qF "step '-1' is not a number" <<<"$err" || grep -qF "step 99 is past the run's 40 steps" <<<"$err" \
+        || fail "the fault is not named: $err"
+      small_run run-b && rm -rf run && mv run-b run
+    done
+    ;;
+  bad-command-lines)  # refused, never wrapped or capped
+    run "$qkv" train brackets --seed -1
+    expect 2 "--seed: must be a whole number"
+    run "$qkv" train brackets --steps 99999999999999999999
+    expect 2 "--steps: must be a whole number from 1 to 1000000000"
+    run "$qkv" train brackets --layers 1000000
+    expect 2 "--layers: must be a whole number"
+    run "$qkv" eval run --n 0
+    expect 2 "--n: must be a whole number"
+    [ ! -e runs ] || fail "a refused command wrote runs/"
+    ;;
+  memory)  # refused before allocating, naming the option
+    run timeout 10 "$qkv" train brackets --out big --batch 1000000 --d-model 4096 --heads 8
+    expect 2 "--batch: needs about"
+    run timeout 10 "$qkv" train brackets --out big --layers 10000 --d-model 4096 --heads 8
+    expect 2 "--layers: needs about"
+    [ ! -e big ] || fail "a refused run created its folder"
+    ;;
+  *)
+    fail "no scenario '$scenario'"
+    ;;
+esac
+echo "passed: $scenario"

@@ -1,0 +1,89 @@
+#include "tests/helpers.hpp"
+
+#include <filesystem>
+
+#include "nn/checkpoint.hpp"
+#include "nn/files.hpp"
+
+using namespace qkv;
+using namespace qkv::nn;
+using namespace qkv::test;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::size_t> steps_of(const std::string& dir) {
+  std::vector<std::size_t> steps;
+  for (const auto& [step, path] : checkpoint_folders(dir)) steps.push_back(step);
+  return steps;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint is committed whole, the previous one is kept, and readers find files through links") {
+  const std::string dir = scratch("commit");
+  CHECK_FALSE(committed_checkpoint(dir));
+  commit_checkpoint(dir, 10, {{"a.bin", "ten"}, {"b.bin", "TEN"}});
+  CHECK(committed_checkpoint(dir) == dir + "/checkpoint-00000010");
+  CHECK(read_file(dir + "/a.bin", 100) == "ten");
+  commit_checkpoint(dir, 20, {{"a.bin", "twenty"}, {"b.bin", "TWENTY"}});
+  commit_checkpoint(dir, 30, {{"a.bin", "thirty"}, {"b.bin", "THIRTY"}});
+  CHECK(read_file(dir + "/a.bin", 100) == "thirty");
+  CHECK(read_file(dir + "/b.bin", 100) == "THIRTY");
+  CHECK(steps_of(dir) == std::vector<std::size_t>{30, 20});
+  CHECK(fs::is_symlink(dir + "/a.bin"));
+  CHECK(fs::read_symlink(dir + "/checkpoint") == "checkpoint-00000030");
+  CHECK_THROWS_AS(commit_checkpoint(dir, 30, {{"a.bin", "again"}}), std::logic_error);
+}
+
+TEST_CASE("what a save killed midway leaves is never committed, and remove_partial_files clears it") {
+  const std::string dir = scratch("killed");
+  commit_checkpoint(dir, 10, {{"a.bin", "ten"}});
+  // Killed while writing step 20's files, and while linking its pointer.
+  fs::create_directories(dir + "/checkpoint-00000020.tmp");
+  write_durably(dir + "/checkpoint-00000020.tmp/a.bin", "twe");
+  fs::create_symlink("checkpoint-00000020", dir + "/checkpoint.tmp");
+  write_durably(dir + "/config.json.tmp", "{");
+  CHECK(committed_checkpoint(dir) == dir + "/checkpoint-00000010");
+  CHECK(read_file(dir + "/a.bin", 100) == "ten");
+  remove_partial_files(dir);
+  CHECK_FALSE(fs::exists(dir + "/checkpoint-00000020.tmp"));
+  CHECK_FALSE(fs::exists(fs::symlink_status(dir + "/checkpoint.tmp")));
+  CHECK_FALSE(fs::exists(dir + "/config.json.tmp"));
+  CHECK(read_file(dir + "/a.bin", 100) == "ten");
+  // A stale .tmp from an earlier death does not stop the next save.
+  fs::create_directories(dir + "/checkpoint-00000020.tmp");
+  commit_checkpoint(dir, 20, {{"a.bin", "twenty"}});
+  CHECK(read_file(dir + "/a.bin", 100) == "twenty");
+}
+
+TEST_CASE("recommit_checkpoint points back at an older checkpoint, and the next commit drops the abandoned ones") {
+  const std::string dir = scratch("recommit");
+  for (std::size_t step : {10, 20, 30}) commit_checkpoint(dir, step, {{"a.bin", std::to_string(step)}});
+  recommit_checkpoint(dir, 20);
+  CHECK(read_file(dir + "/a.bin", 100) == "20");
+  commit_checkpoint(dir, 25, {{"a.bin", "25"}});
+  CHECK(steps_of(dir) == std::vector<std::size_t>{25, 20});
+}
+
+TEST_CASE("a run folder's lock is exclusive, names its holder, and is released with its holder") {
+  const std::string dir = scratch("lock");
+  {
+    const RunLock first(dir);
+    CHECK_THROWS_WITH(RunLock(dir), Contains(dir + ": in use by another process (pid " + std::to_string(::getpid()) + ")"));
+  }
+  CHECK_NOTHROW(RunLock(dir));
+}
+
+TEST_CASE("replace_folder swaps a new folder in and removes the old one") {
+  const std::string parent = scratch("replace");
+  fs::create_directories(parent + "/run");
+  write_durably(parent + "/run/old", "old");
+  fs::create_directories(parent + "/run.new");
+  write_durably(parent + "/run.new/new", "new");
+  replace_folder(parent + "/run", parent + "/run.new");
+  CHECK(read_file(parent + "/run/new", 100) == "new");
+  CHECK_FALSE(fs::exists(parent + "/run/old"));
+  CHECK_FALSE(fs::exists(parent + "/run.new"));
+}
