@@ -138,7 +138,7 @@ Tensor exp(const Tensor& x) {
   check_inputs("exp", {&x});
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    return unary<T>("exp", x, [](const auto& v) { return xt::exp(v); },
+    return unary<T>("exp", x, [](const auto& v) { return detail::exp_of<T>(v); },
                     [](BackwardContext<T>& ctx, const auto&) { return ctx.grad() * ctx.output(); }, Save::output);
   });
 }
@@ -207,7 +207,7 @@ Tensor gelu(const Tensor& x, GeluApproximation approximate) {
       return unary<T>("gelu", x, [=](const auto& v) { return T(0.5) * v * (T(1) + xt::erf(v * inv_sqrt2)); },
                       [=](BackwardContext<T>& ctx, const auto& v) {
                         return ctx.grad() * (T(0.5) * (T(1) + xt::erf(v * inv_sqrt2)) +
-                                             v * inv_sqrt_2pi * xt::exp(T(-0.5) * v * v));
+                                             v * inv_sqrt_2pi * detail::exp_of<T>(T(-0.5) * v * v));
                       });
     }
     // y = x (1 + tanh(u)) / 2, u = c (x + a x³); dy/dx = (1 + th)/2 + x (1 - th²) c (1 + 3a x²) / 2.

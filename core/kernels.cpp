@@ -9,7 +9,11 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__SANITIZE_THREAD__)
+#define QKV_CLONES  // the loader runs target_clones' resolvers before ThreadSanitizer's runtime is up
+#else
 #define QKV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 // Helpers are compiled into each clone, for its instruction set, only when inlined.
 #define QKV_INLINE [[gnu::always_inline]] inline
 

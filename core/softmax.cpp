@@ -30,7 +30,7 @@ Shifted<T> shifted(const Array<T>& x, std::size_t axis) {
   s.max = xt::amax(x, axes, keep);
   for (T& m : s.max)
     if (m == -std::numeric_limits<T>::infinity()) m = T(0);
-  s.exp = xt::exp(x - s.max);
+  s.exp = detail::exp_of<T>(x - s.max);
   s.sum = xt::sum(s.exp, axes, keep);
   return s;
 }
@@ -67,7 +67,7 @@ Tensor log_softmax(const Tensor& x, std::int64_t axis) {
       // forward was y = x − logΣexp(x), so dx = dy − softmax(x) Σ_row dy; softmax = exp(y) is 0
       // on a fully masked row, whose gradient is then 0 too.
       if (ctx.output().size() == 0) return ctx.accumulate(0, Array<T>(ctx.output()));
-      const Array<T> p = xt::exp(ctx.output());
+      const Array<T> p = detail::exp_of<T>(ctx.output());
       const Array<T> total = xt::sum(ctx.grad(), std::array<std::size_t, 1>{ax}, keep);
       const Array<T> row_alive = xt::cast<T>(xt::sum(p, std::array<std::size_t, 1>{ax}, keep) > T(0));
       ctx.accumulate(0, (ctx.grad() - p * total) * row_alive);

@@ -54,7 +54,11 @@ template <class T>
   }
 }
 
+#if defined(__SANITIZE_THREAD__)
+#define QKV_CLONES  // the loader runs target_clones' resolvers before ThreadSanitizer's runtime is up
+#else
 #define QKV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 QKV_CLONES void adam_update(float* p, const float* g, float* m, float* v, float* vmax, std::size_t n,
                             const Coefficients& c) {
   adam_loop(p, g, m, v, vmax, n, c);

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <xtensor/xmath.hpp>
 #include <xtensor/xtensor.hpp>
 
 #include "core/autograd.hpp"
@@ -20,6 +21,20 @@
 #include "core/detail/node.hpp"
 
 namespace qkv::detail {
+
+// exp of an array or expression. float64 goes element by element through std::exp: xsimd's
+// float64 exp converts its range reduction to int64 one lane at a time in plain C++, undefined
+// behaviour for ±inf, NaN and huge inputs (lanes it then discards). float32 stays with xsimd.
+template <class T, class E>
+Array<T> exp_of(const E& e) {
+  if constexpr (std::is_same_v<T, double>) {
+    Array<T> out = e;
+    exp_in_place(out.data(), out.size());
+    return out;
+  } else {
+    return xt::exp(e);
+  }
+}
 
 template <class T>
 class BackwardContext {
