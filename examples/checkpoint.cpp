@@ -29,8 +29,13 @@ std::size_t parse_step(const std::string& file, const std::string& text) {
 
 CheckpointState load_folder(const std::string& folder, nn::Module& model, optim::Optimizer& optimizer,
                             const CheckpointCheck& check) {
-  return restore_checkpoint(folder, nn::load_safetensors(folder + "/model.safetensors"),
-                            nn::load_safetensors(folder + "/optimizer.safetensors"), model, optimizer, check);
+  const CheckpointState state =
+      restore_checkpoint(folder, nn::load_safetensors(folder + "/model.safetensors"),
+                         nn::load_safetensors(folder + "/optimizer.safetensors"), model, optimizer, check);
+  const auto named = nn::checkpoint_step(folder);  // none for an older run's files directly in its folder
+  if (named && *named != state.step)
+    throw std::runtime_error(fmt::format("{}: its files are from step {}", folder, state.step));
+  return state;
 }
 
 }  // namespace
@@ -61,9 +66,7 @@ std::optional<CheckpointState> resume_checkpoint(const std::string& dir, nn::Mod
   std::vector<std::string> candidates;
   const auto committed = nn::committed_checkpoint(dir);
   if (committed) candidates.push_back(*committed);
-  std::optional<std::size_t> committed_step;
-  for (const auto& [step, folder] : nn::checkpoint_folders(dir))
-    if (committed && folder == *committed) committed_step = step;
+  const auto committed_step = committed ? nn::checkpoint_step(*committed) : std::nullopt;
   for (const auto& [step, folder] : nn::checkpoint_folders(dir))
     if (!committed || (committed_step && step < *committed_step)) candidates.push_back(folder);
   std::vector<std::string> faults;
@@ -74,7 +77,7 @@ std::optional<CheckpointState> resume_checkpoint(const std::string& dir, nn::Mod
         notes << fmt::format("qkv train: resuming from {} (step {}), the newest checkpoint that loads; passed over:\n",
                              folder, state.step);
         for (const std::string& fault : faults) notes << "  " << fault << "\n";
-        if (folder != dir) nn::recommit_checkpoint(dir, state.step);
+        if (const auto step = nn::checkpoint_step(folder)) nn::recommit_checkpoint(dir, *step);
       }
       return state;
     } catch (const std::runtime_error& e) {

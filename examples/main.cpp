@@ -158,7 +158,8 @@ int run_train(TrainOptions o) {
   try {
     r = train(o, std::cerr, ::isatty(2));
   } catch (const OptionError& e) {
-    if (o.resume) throw;  // the options came from config.json, which read_config checked
+    // A resumed run's options come from its config.json.
+    if (o.resume) throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", o.out, e.field, e.what()));
     usage(option_of(e.field), "{}", e.what());
   }
   const nlohmann::json line = {{"task", o.task}, {"accuracy", r.eval.accuracy}, {"exact_match", r.eval.exact_match},
@@ -173,6 +174,7 @@ int run_train(TrainOptions o) {
 
 int main(int argc, char** argv) {
   qkv::use_fastest_blas_kernels();
+  qkv::set_num_threads(1);  // and OpenBLAS single-threaded: `train --threads` sets more
   qkv::reuse_freed_memory();
   CLI::App app{"qkv: train small attention models and look inside them"};
   app.require_subcommand(1);

@@ -74,7 +74,8 @@ class ConfigReader {
       fail_at(key, "is {}, out of range [{}, {}]", n, lo, hi);
     }
     if (v.is_number_integer()) fail_at(key, "is {}, out of range [{}, {}]", v.get<std::int64_t>(), lo, hi);
-    fail_at(key, "must be a whole number in [{}, {}], not a {}", lo, hi, v.is_number_float() ? "fraction" : v.type_name());
+    if (v.is_number()) fail_at(key, "must be a whole number in [{}, {}], not {}", lo, hi, v.dump());
+    fail_at(key, "must be a whole number in [{}, {}], not a {}", lo, hi, v.type_name());
   }
   double number(const char* key) const {
     const nlohmann::json& v = at(key);
@@ -89,6 +90,8 @@ class ConfigReader {
   std::string choice(const char* key, const std::vector<std::string>& choices) const {
     const nlohmann::json& v = at(key);
     if (v.is_string() && std::find(choices.begin(), choices.end(), v.get<std::string>()) != choices.end()) return v;
+    if (v.is_string() && v.get_ref<const std::string&>().size() <= 40)
+      fail_at(key, "is '{}'; it must be one of {}", v.get<std::string>(), fmt::join(choices, ", "));
     fail_at(key, "must be one of {}", fmt::join(choices, ", "));
   }
   std::string text(const char* key) const {
@@ -186,15 +189,31 @@ void check_options(const TrainOptions& o) {
     out_of_range("model.heads", "{} does not divide d_model {} (or give d_head)", m.heads, m.d_model);
   if (m.kv_heads != 0 && m.heads % m.kv_heads != 0)
     out_of_range("model.kv_heads", "{} does not divide heads {}", m.kv_heads, m.heads);
+  const bool shared_kv = m.kv_heads != 0 && m.kv_heads != m.heads;
+  if (m.qk == nn::QK::tied && shared_kv)
+    out_of_range("model.kv_heads", "is {}: tied q and k need as many kv heads as heads ({})", m.kv_heads, m.heads);
+  if (m.proj == nn::Projection::identity && shared_kv)
+    out_of_range("model.kv_heads", "is {}: identity projections need as many kv heads as heads ({})", m.kv_heads, m.heads);
+  if (m.proj == nn::Projection::identity && m.d_head != 0 && m.d_head * m.heads != m.d_model)
+    out_of_range("model.d_head", "is {}: identity projections need d_head · heads = d_model ({} · {} ≠ {})", m.d_head,
+                 m.d_head, m.heads, m.d_model);
+}
 
-  const MemoryEstimate need = estimate_memory(o);
+void check_memory(const TrainOptions& o, bool training) {
+  const ModelConfig& m = o.model;
+  MemoryEstimate need = estimate_memory(o);
+  if (!training) {  // the weights alone, and a forward pass with no gradients
+    need.model /= 4;
+    need.step /= 2;
+  }
   const double available = nn::available_memory();
   if (need.model + need.step > available) {
     const bool step = need.step > need.model;
     out_of_range(step ? "batch" : (double(m.layers) / 2 > double(m.d_model) / 16 ? "model.layers" : "model.d_model"),
-                 "needs about {} for the model and its optimizer state and {} for a training step (batch {} of {} "
-                 "tokens, d_model {}, {} layers), more than the {} this machine has available",
-                 bytes_text(need.model), bytes_text(need.step), o.batch, m.max_len, m.d_model, m.layers,
+                 "needs about {} for the model{} and {} for a {} (batch {} of {} tokens, d_model {}, {} layers), more "
+                 "than the {} this machine has available",
+                 bytes_text(need.model), training ? " and its optimizer state" : "", bytes_text(need.step),
+                 training ? "training step" : "forward pass", o.batch, m.max_len, m.d_model, m.layers,
                  bytes_text(available));
   }
 }
@@ -247,7 +266,7 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   r.only(written);
   m.only(written["model"]);
   try {
-    check_options(o);
+    check_options(o);  // not the memory: a run trained elsewhere may still load here
   } catch (const OptionError& e) {
     throw std::runtime_error(fmt::format("{}: '{}' {}", file, e.field, e.what()));
   }
@@ -284,6 +303,11 @@ TrainOptions default_options(const std::string& task_name) {
 
 std::unique_ptr<Model> load_model(const std::string& dir) {
   const TrainOptions o = read_config(dir);
+  try {
+    check_memory(o, false);
+  } catch (const OptionError& e) {
+    throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", dir, e.field, e.what()));
+  }
   Generator gen(o.seed);
   std::unique_ptr<Model> model;
   try {
@@ -352,42 +376,70 @@ Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std:
 
 namespace {
 
-bool is_partial(const std::string& name) { return name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0; }
+// The files of a run folder besides its checkpoint folders; FILE.tmp is a write of one that died.
+const std::vector<std::string> run_files = {"config.json", "metrics.jsonl", "model.safetensors", "optimizer.safetensors"};
 
 // A folder a run has written: its config or a checkpoint.
 bool holds_run(const std::string& dir) {
   return fs::exists(dir + "/config.json") || nn::committed_checkpoint(dir) || !nn::checkpoint_folders(dir).empty();
 }
 
-// Where a run writes, locked: DIR itself, or, for a run that replaces another (--force), DIR.new
-// until its first checkpoint, which then takes DIR's place. The folder is touched only here, after
-// every option has been checked.
+// Refuses a folder with files that are not a run's: the lock, or what a write that died left.
+void check_holds_nothing_else(const std::string& dir) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+    const std::string stem = tmp ? name.substr(0, name.size() - 4) : "";
+    const bool leftover = name == "run.lock" || (tmp && (stem == "checkpoint" || nn::checkpoint_step(stem) ||
+                                                         std::find(run_files.begin(), run_files.end(), stem) != run_files.end()));
+    if (!leftover) throw UsageError(fmt::format("--out {}: holds '{}' and no qkv run; choose a new or empty folder", dir, name));
+  }
+}
+
+// Where a run writes, locked: DIR itself, or, for a run that replaces another (--force),
+// DIR.new.tmp until its first checkpoint, which then takes DIR's place. Nothing is written before
+// the folder is known to be free for the run: a folder with files of its own is left as it is.
 class RunFolder {
  public:
   RunFolder(std::string dir, const TrainOptions& o) : dir_(std::move(dir)) {
     std::error_code error;
-    if (fs::exists(dir_, error) && !fs::is_directory(dir_, error))
-      throw UsageError(fmt::format("--out {}: is a file, not a folder", dir_));
-    if (!o.resume) fs::create_directories(dir_);
-    lock_.emplace(dir_);
-    nn::remove_partial_files(dir_);
-    if (o.resume) return;
-    if (holds_run(dir_)) {
+    const bool exists = fs::exists(dir_, error);
+    if (exists && !fs::is_directory(dir_, error)) throw UsageError(fmt::format("--out {}: is a file, not a folder", dir_));
+    if (o.resume) {
+      lock_.emplace(dir_);
+      nn::remove_partial_files(dir_, run_files);
+      return;
+    }
+    const auto refuse = [&] {
       if (!o.force)
         throw UsageError(fmt::format("--out {}: holds a run already; give --resume to continue it or --force to "
                                      "replace it (the old run stays until the new one's first checkpoint)",
                                      dir_));
-      staging_ = dir_ + ".new";  // this run's own: DIR's lock guards it
-      fs::remove_all(staging_);
-      fs::create_directories(staging_);
-      staging_lock_.emplace(staging_);
+    };
+    if (exists && holds_run(dir_)) refuse();
+    if (exists && !holds_run(dir_)) check_holds_nothing_else(dir_);
+    fs::create_directories(dir_);
+    lock_.emplace(dir_);
+    // Again under the lock: another process may have started a run here meanwhile.
+    if (!holds_run(dir_)) {
+      check_holds_nothing_else(dir_);
+      nn::remove_partial_files(dir_, run_files);
       return;
     }
-    for (const auto& entry : fs::directory_iterator(dir_)) {
-      const std::string name = entry.path().filename().string();
-      if (name != "run.lock" && !is_partial(name))
-        throw UsageError(fmt::format("--out {}: holds '{}' and no qkv run; choose a new or empty folder", dir_, name));
+    refuse();
+    fs::path target = fs::absolute(dir_).lexically_normal();
+    if (!target.has_filename()) target = target.parent_path();
+    if (target == target.root_path()) throw UsageError(fmt::format("--out {}: cannot be replaced", dir_));
+    target_ = target.string();
+    staging_ = target_ + ".new.tmp";
+    if (fs::exists(staging_)) {
+      staging_lock_.emplace(staging_);  // not while another process trains there
+      staging_lock_.reset();
+      fs::remove_all(staging_);  // what a replacement that died before its first checkpoint left
     }
+    fs::create_directories(staging_);
+    staging_lock_.emplace(staging_);
   }
   ~RunFolder() {
     std::error_code ignored;
@@ -401,15 +453,16 @@ class RunFolder {
   // After each checkpoint: a replacement run takes the old run's place at its first.
   void checkpointed() {
     if (staging_.empty()) return;
-    nn::replace_folder(dir_, staging_);
+    nn::replace_folder(target_, staging_);
     staging_.clear();
+    dir_ = target_;  // absolute: a relative path may have named the old folder (--out .)
     lock_.reset();  // the old run's lock, removed with it
     lock_.emplace(std::move(*staging_lock_));
     staging_lock_.reset();
   }
 
  private:
-  std::string dir_, staging_;
+  std::string dir_, target_, staging_;
   std::optional<nn::RunLock> lock_, staging_lock_;
 };
 
@@ -448,6 +501,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
   o.threads = get_num_threads();
   if (!o.resume) o.blas = blas_kernels();
   check_options(o);
+  check_memory(o, true);
   const auto task = make_task(o.task);
   Generator gen(o.seed);
   std::optional<Model> built;

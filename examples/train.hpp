@@ -30,8 +30,9 @@ struct TrainOptions {
   std::string blas;                    // the BLAS kernels the run started on (blas_kernels())
   std::size_t stop_after = 0;  // stop (checkpointed) after this step, to resume later; 0: run to the end
   bool resume = false;         // continue the run in `out` from its checkpoint
-  // Replace a run already in `out`: the new run trains in OUT.new until its first checkpoint, then
-  // takes OUT's place; until then the old run is untouched. Without it, train refuses such a folder.
+  // Replace a run already in `out`: the new run trains in OUT.new.tmp until its first checkpoint,
+  // then takes OUT's place; until then the old run is untouched. Without it, train refuses such a
+  // folder.
   bool force = false;
   // Every `target_every` steps (0: never), accuracy on `target_batches` held-out batches; the
   // first step where it reaches `target` is TrainResult::steps_to_target.
@@ -52,9 +53,12 @@ struct OptionError : std::invalid_argument {
 };
 
 // Checks every value and their combinations (heads that divide d_model, the task's vocabulary,
-// a learning rate Adam can take, the memory a step needs), and throws OptionError naming the
-// first field at fault. Nothing is allocated before it passes.
+// a learning rate Adam can take), and throws OptionError naming the first field at fault.
 void check_options(const TrainOptions& options);
+// Throws OptionError, naming the field to make smaller, when the model and a training step (or,
+// without `training`, the weights and a forward pass) would need more memory than this machine
+// has available (estimate_memory). train and load_model check it before they allocate anything.
+void check_memory(const TrainOptions& options, bool training);
 
 // The memory a run needs, in bytes, estimated from its options: the model with its gradients and
 // Adam's state, and a training step's activations and their gradients.

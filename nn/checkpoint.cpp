@@ -92,26 +92,42 @@ void link_files(const std::string& dir, const CheckpointFiles& files) {
 
 RunLock::RunLock(const std::string& dir) {
   const std::string path = dir + "/run.lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail_io(path, "opening the lock");
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int error = errno;
-    char pid[32] = {};
-    const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
-    ::close(fd_);
-    fd_ = -1;
-    if (error != EWOULDBLOCK) {
-      errno = error;
-      fail_io(path, "locking");
+  // A process that replaced the folder (--force) unlinked the lock file we may have opened: the
+  // lock holds only while the file we locked is the one at `path`.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) fail_io(path, "opening the lock");
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int error = errno;
+      char pid[32] = {};
+      const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+      ::close(fd);
+      if (error != EWOULDBLOCK) {
+        errno = error;
+        fail_io(path, "locking");
+      }
+      std::string holder(pid, std::size_t(std::max<ssize_t>(n, 0)));
+      holder.erase(std::remove(holder.begin(), holder.end(), '\n'), holder.end());
+      throw std::runtime_error(fmt::format("{}: in use by another process (pid {}), which holds {}", dir,
+                                           holder.empty() ? "unknown" : holder, path));
     }
-    std::string holder(pid, std::size_t(std::max<ssize_t>(n, 0)));
-    holder.erase(std::remove(holder.begin(), holder.end(), '\n'), holder.end());
-    throw std::runtime_error(fmt::format("{}: in use by another process (pid {}), which holds {}", dir,
-                                         holder.empty() ? "unknown" : holder, path));
+    struct stat locked {}, current {};
+    if (::fstat(fd, &locked) != 0 || ::stat(path.c_str(), &current) != 0 || locked.st_ino != current.st_ino ||
+        locked.st_dev != current.st_dev) {
+      ::close(fd);
+      continue;
+    }
+    const std::string pid = fmt::format("{}\n", ::getpid());
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+      const int error = errno;
+      ::close(fd);
+      errno = error;
+      fail_io(path, "writing the lock");
+    }
+    fd_ = fd;
+    return;
   }
-  const std::string pid = fmt::format("{}\n", ::getpid());
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size()))
-    fail_io(path, "writing the lock");
+  throw std::runtime_error(fmt::format("{}: the lock file keeps being replaced", path));
 }
 
 RunLock::~RunLock() {
@@ -161,12 +177,19 @@ void recommit_checkpoint(const std::string& dir, std::size_t step) {
   sync_folder(dir);
 }
 
-void remove_partial_files(const std::string& dir) {
+void remove_partial_files(const std::string& dir, const std::vector<std::string>& files) {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) remove_tree(entry.path().string());
+    if (name.size() <= 4 || name.compare(name.size() - 4, 4, ".tmp") != 0) continue;
+    const std::string stem = name.substr(0, name.size() - 4);
+    if (stem == "checkpoint" || step_of(stem) || std::find(files.begin(), files.end(), stem) != files.end())
+      remove_tree(entry.path().string());
   }
+}
+
+std::optional<std::size_t> checkpoint_step(const std::string& folder) {
+  return step_of(fs::path(folder).filename().string());
 }
 
 void replace_folder(const std::string& dir, const std::string& replacement) {
@@ -177,11 +200,17 @@ void replace_folder(const std::string& dir, const std::string& replacement) {
     old = dir + ".old.tmp";
     remove_tree(old);
     if (std::rename(dir.c_str(), old.c_str()) != 0) fail_io(dir, fmt::format("renaming to {}", old));
-    if (std::rename(replacement.c_str(), dir.c_str()) != 0) fail_io(replacement, fmt::format("renaming to {}", dir));
+    if (std::rename(replacement.c_str(), dir.c_str()) != 0) {
+      const int error = errno;
+      std::rename(old.c_str(), dir.c_str());  // the old run back in its place
+      errno = error;
+      fail_io(replacement, fmt::format("renaming to {}", dir));
+    }
   }
   const fs::path parent = fs::path(dir).parent_path();
   sync_folder(parent.empty() ? "." : parent.string());
-  remove_tree(old);
+  std::error_code ignored;
+  fs::remove_all(old, ignored);  // the new run is in place: a leftover of the old one is no fault of it
 }
 
 }  // namespace qkv::nn

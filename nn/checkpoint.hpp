@@ -55,11 +55,16 @@ std::vector<std::pair<std::size_t, std::string>> checkpoint_folders(const std::s
 // until the resumed run commits its next checkpoint.
 void recommit_checkpoint(const std::string& dir, std::size_t step);
 
-// Removes what a write that died left in DIR: every entry whose name ends in .tmp.
-void remove_partial_files(const std::string& dir);
+// Removes what a write that died left in DIR: checkpoint-STEP.tmp/, checkpoint.tmp, and FILE.tmp
+// for each of `files`. Nothing else: the folder may hold a user's own .tmp files.
+void remove_partial_files(const std::string& dir, const std::vector<std::string>& files);
 
-// Swaps the folder `dir` with `replacement` in one step (renameat2 RENAME_EXCHANGE), then removes
-// what was at `dir`. For `--force`: the old run stays until the new one has its first checkpoint.
+// The step of a checkpoint folder's path (".../checkpoint-00001000" -> 1000), if it is one.
+std::optional<std::size_t> checkpoint_step(const std::string& folder);
+
+// Swaps the folder `dir` with `replacement` in one step (renameat2 RENAME_EXCHANGE; two renames
+// where the file system has no exchange, with the old folder put back if the second fails), then
+// removes what was at `dir`. For `--force`: the old run stays until the new one's first checkpoint.
 void replace_folder(const std::string& dir, const std::string& replacement);
 
 }  // namespace qkv::nn

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -49,6 +50,16 @@ void write_all(int fd, const std::string& path, std::string_view bytes) {
   if (::fsync(fd) != 0) fail_io(path, "fsync");
 }
 
+// Writes `bytes` to a new file `path`, flushes it to disk and closes it; `name` in messages.
+void write_file(const std::string& path, std::string_view bytes, const std::string& name) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail_io(name, "creating the file");
+  Descriptor file{fd};
+  write_all(fd, name, bytes);
+  file.fd = -1;
+  if (::close(fd) != 0) fail_io(name, "close");
+}
+
 }  // namespace
 
 std::string read_file(const std::string& path, std::size_t max_bytes) {
@@ -75,21 +86,11 @@ std::string read_file(const std::string& path, std::size_t max_bytes) {
   return bytes;
 }
 
-void write_durably(const std::string& path, std::string_view bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail_io(path, "creating the file");
-  const Descriptor file{fd};
-  write_all(fd, path, bytes);
-}
+void write_durably(const std::string& path, std::string_view bytes) { write_file(path, bytes, path); }
 
 void write_atomically(const std::string& path, std::string_view bytes) {
   const std::string tmp = path + ".tmp";
-  {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail_io(path, "creating the temporary file");
-    const Descriptor file{fd};
-    write_all(fd, path, bytes);
-  }
+  write_file(tmp, bytes, path);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_io(path, "renaming the temporary file");
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   sync_folder(dir.empty() ? "." : dir.string());
@@ -97,18 +98,25 @@ void write_atomically(const std::string& path, std::string_view bytes) {
 
 void sync_folder(const std::string& dir) {
   const Descriptor folder{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (folder.fd >= 0) ::fsync(folder.fd);
+  if (folder.fd < 0) fail_io(dir, "opening the folder to flush it");
+  // EINVAL: a file system that cannot flush a folder, where there is nothing more to do.
+  if (::fsync(folder.fd) != 0 && errno != EINVAL) fail_io(dir, "fsync");
 }
 
 double available_memory() {
+  double available = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   double kib = 0;
   while (meminfo >> key >> kib) {
-    if (key == "MemAvailable:") return kib * 1024;
+    if (key == "MemAvailable:") available = kib * 1024;
     meminfo.ignore(64, '\n');
   }
-  return double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
+  // A container's limit (cgroup v2), less what the group uses already.
+  std::ifstream max("/sys/fs/cgroup/memory.max"), current("/sys/fs/cgroup/memory.current");
+  double limit = 0, used = 0;
+  if (max >> limit && current >> used) available = std::min(available, std::max(0.0, limit - used));
+  return available;
 }
 
 namespace detail {

@@ -80,6 +80,8 @@ case "$scenario" in
     set_field d_model 500000
     run timeout 10 "$qkv" eval run
     expect 1 "run/config.json: 'model.d_model' needs about"
+    run timeout 10 "$qkv" train brackets --out run --resume
+    expect 1 "run/config.json: 'model.d_model' needs about"
     ;;
   vocab-other)  # was "embedding: index 3 out of range", exit 2
     small_run
@@ -134,12 +136,19 @@ case "$scenario" in
     [ "$before" = "$(checksum)" ] || fail "the run changed"
     "$qkv" eval run >/dev/null || fail "the run no longer loads"
     ;;
+  foreign-folder)  # a folder of the user's own is refused as it is
+    mkdir -p mine/build.tmp
+    echo notes >mine/notes.txt
+    run "$qkv" train brackets --out mine
+    expect 2 "--out mine: holds"
+    [ -d mine/build.tmp ] && [ ! -e mine/run.lock ] && [ "$(ls mine | wc -l)" -eq 2 ] || fail "the folder was touched"
+    ;;
   force-replaces)  # the old run stays until the new one's first checkpoint
     small_run
     old_model="$(sha256sum <run/model.safetensors)"
     "$qkv" train brackets --out run --force --steps 100000 --checkpoint-every 100000 >/dev/null 2>&1 &
-    sleep 1
-    [ -d run.new ] || fail "the replacement does not train in run.new"
+    for _ in $(seq 100); do [ -s run.new.tmp/metrics.jsonl ] && break; sleep 0.1; done
+    [ -d run.new.tmp ] || fail "the replacement does not train in run.new.tmp"
     [ "$(sha256sum <run/model.safetensors)" = "$old_model" ] || fail "the old run changed before the new one's checkpoint"
     kill $!
     wait $! 2>/dev/null
@@ -148,13 +157,17 @@ case "$scenario" in
     run "$qkv" train brackets --out run --force --steps 12 --checkpoint-every 5 --layers 1 --heads 1 --d-model 8
     expect 0 ""
     grep -q '"steps": 12' run/config.json || fail "the run was not replaced"
-    [ ! -e run.new ] || fail "run.new is left over"
+    [ ! -e run.new.tmp ] || fail "run.new.tmp is left over"
     [ "$(ls -d run/checkpoint-*/ | wc -l)" -eq 2 ] || fail "the old run's checkpoints are left over"
+    # From inside the folder it replaces: the swap moves the working folder away.
+    (cd run && "$qkv" train brackets --out . --force --steps 14 --checkpoint-every 5 --layers 1 --heads 1 --d-model 8 \
+      >/dev/null 2>&1) || fail "--out . --force failed"
+    grep -q '"steps": 14' run/config.json && [ -d run/checkpoint-00000014 ] || fail "--out . was not replaced"
     ;;
   lock)  # was two runs mixing one folder's files
     small_run
     "$qkv" train brackets --out run2 --steps 100000 >/dev/null 2>&1 &
-    for _ in $(seq 50); do [ -s run2/run.lock ] && break; sleep 0.1; done
+    for _ in $(seq 100); do [ -s run2/config.json ] && break; sleep 0.1; done
     run "$qkv" train brackets --out run2 --resume
     expect 1 "run2: in use by another process (pid $!)"
     run "$qkv" train brackets --out run2 --force
@@ -165,7 +178,7 @@ case "$scenario" in
     # As if killed at step 350: the run's checkpoint at 200, its log to 300 and half a line.
     rm -rf run/checkpoint-00000400
     ln -sfn checkpoint-00000200 run/checkpoint
-    head -n 3 run/metrics.jsonl >run/m && printf '{"step": 4' >>run/m && mv run/m run/metrics.jsonl
+    head -n 3 run/metrics.jsonl >run/m && printf '{"step":4' >>run/m && mv run/m run/metrics.jsonl
     touch run/config.json.tmp
     mkdir run/checkpoint-00000300.tmp
     run "$qkv" train brackets --out run --resume
@@ -184,11 +197,11 @@ case "$scenario" in
     ln -sfn checkpoint-00000014 run/checkpoint
     run "$qkv" train brackets --out run --resume --threads 1
     expect 0 "the run started on 2 threads and resumes on 1"
-    set_field blas '"Prescott"'
+    set_field blas '"Elsewhere"'
     rm -rf run/checkpoint-00000020
     ln -sfn checkpoint-00000014 run/checkpoint
     run "$qkv" train brackets --out run --resume
-    expect 0 "the run started on the Prescott BLAS kernels"
+    expect 0 "the run started on the Elsewhere BLAS kernels"
     ;;
   step-out-of-range)  # a checkpoint step of -1, or past the run's steps, trained nothing and exited 0
     small_run

@@ -218,10 +218,13 @@ TEST_CASE("train refuses a folder that holds a run, or files that are not one, a
   o.force = true;
   CHECK_THROWS_AS(train(o, quiet, false), OptionError);
   CHECK(nn::read_file(o.out + "/config.json", 1 << 20) == config);
+  // A folder of the user's own: refused as it is, with no lock left in it, and its .tmp kept.
   TrainOptions other = short_run("rps", "refuse_other", 2);
-  std::filesystem::create_directories(other.out);
+  std::filesystem::create_directories(other.out + "/build.tmp");
   nn::write_atomically(other.out + "/notes.txt", "mine");
-  CHECK_THROWS_WITH(train(other, quiet, false), Catch::Matchers::Contains("holds 'notes.txt' and no qkv run"));
+  CHECK_THROWS_WITH(train(other, quiet, false), Catch::Matchers::Contains("and no qkv run"));
+  CHECK(std::filesystem::exists(other.out + "/build.tmp"));
+  CHECK_FALSE(std::filesystem::exists(other.out + "/run.lock"));
 }
 
 TEST_CASE("check_options names the field at fault, and estimate_memory grows with the batch and the model") {
@@ -242,12 +245,24 @@ TEST_CASE("check_options names the field at fault, and estimate_memory grows wit
   bad.model.max_len = 3;  // shorter than the task's sequences
   CHECK(field_of(bad) == "model.max_len");
   bad = o;
+  bad.model.qk = nn::QK::tied;
+  bad.model.kv_heads = 1;  // tied q and k need a kv head per head
+  CHECK(field_of(bad) == "model.kv_heads");
+  bad = o;
   bad.lr = std::numeric_limits<double>::infinity();
   CHECK(field_of(bad) == "lr");
   bad = o;
   bad.batch = 1'000'000;
   bad.model.d_model = 4096;
-  CHECK(field_of(bad) == "batch");
+  CHECK(field_of(bad) == "");  // the sizes are each in range: memory is checked apart
+  try {
+    check_memory(bad, true);
+    FAIL("check_memory passed a step of terabytes");
+  } catch (const OptionError& e) {
+    CHECK(e.field == "batch");
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("for a training step (batch 1000000 of 25 tokens"));
+  }
+  CHECK_NOTHROW(check_memory(o, true));
   const MemoryEstimate small = estimate_memory(o);
   o.batch *= 2;
   CHECK(estimate_memory(o).step == Approx(2 * small.step).epsilon(0.01));

@@ -45,12 +45,14 @@ TEST_CASE("what a save killed midway leaves is never committed, and remove_parti
   write_durably(dir + "/checkpoint-00000020.tmp/a.bin", "twe");
   fs::create_symlink("checkpoint-00000020", dir + "/checkpoint.tmp");
   write_durably(dir + "/config.json.tmp", "{");
+  write_durably(dir + "/notes.tmp", "a user's own");
   CHECK(committed_checkpoint(dir) == dir + "/checkpoint-00000010");
   CHECK(read_file(dir + "/a.bin", 100) == "ten");
-  remove_partial_files(dir);
+  remove_partial_files(dir, {"config.json"});
   CHECK_FALSE(fs::exists(dir + "/checkpoint-00000020.tmp"));
   CHECK_FALSE(fs::exists(fs::symlink_status(dir + "/checkpoint.tmp")));
   CHECK_FALSE(fs::exists(dir + "/config.json.tmp"));
+  CHECK(read_file(dir + "/notes.tmp", 100) == "a user's own");
   CHECK(read_file(dir + "/a.bin", 100) == "ten");
   // A stale .tmp from an earlier death does not stop the next save.
   fs::create_directories(dir + "/checkpoint-00000020.tmp");
@@ -65,6 +67,14 @@ TEST_CASE("recommit_checkpoint points back at an older checkpoint, and the next 
   CHECK(read_file(dir + "/a.bin", 100) == "20");
   commit_checkpoint(dir, 25, {{"a.bin", "25"}});
   CHECK(steps_of(dir) == std::vector<std::size_t>{25, 20});
+}
+
+TEST_CASE("checkpoint_step reads a checkpoint folder's step from its name") {
+  CHECK(checkpoint_step("runs/x/checkpoint-00001000") == std::optional<std::size_t>(1000));
+  CHECK(checkpoint_step("checkpoint-7") == std::optional<std::size_t>(7));
+  CHECK_FALSE(checkpoint_step("runs/x"));
+  CHECK_FALSE(checkpoint_step("runs/x/checkpoint-"));
+  CHECK_FALSE(checkpoint_step("runs/x/checkpoint-12a"));
 }
 
 TEST_CASE("a run folder's lock is exclusive, names its holder, and is released with its holder") {
