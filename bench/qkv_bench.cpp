@@ -21,12 +21,12 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/config.hpp"
-#include "core/ops.hpp"
-#include "core/runtime.hpp"
-#include "core/random.hpp"
-#include "nn/attention.hpp"
-#include "nn/layers.hpp"
-#include "optim/adam.hpp"
+#include "qkv/core/ops.hpp"
+#include "qkv/core/runtime.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/nn/attention.hpp"
+#include "qkv/nn/layers.hpp"
+#include "qkv/optim/adam.hpp"
 
 namespace {
 

@@ -16,11 +16,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/detail/blas.hpp"
-#include "core/detail/kernels.hpp"
-#include "core/detail/op.hpp"
-#include "core/ops.hpp"
-#include "core/runtime.hpp"
+#include "qkv/core/detail/blas.hpp"
+#include "qkv/core/detail/kernels.hpp"
+#include "qkv/core/detail/op.hpp"
+#include "qkv/core/ops.hpp"
+#include "qkv/core/runtime.hpp"
 
 namespace qkv {
 

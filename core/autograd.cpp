@@ -1,4 +1,4 @@
-#include "core/autograd.hpp"
+#include "qkv/core/autograd.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 
 #include <xtensor/xmath.hpp>
 
-#include "core/detail/node.hpp"
+#include "qkv/core/detail/node.hpp"
 
 namespace qkv {
 

@@ -1,6 +1,6 @@
 // dropout: inverted (survivors scaled by 1/(1−p)), with its mask drawn from a seeded generator.
-#include "core/detail/op.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/detail/op.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv {
 

@@ -7,9 +7,9 @@
 #include <xtensor/xoperation.hpp>
 #include <xtensor/xreducer.hpp>
 
-#include "core/detail/kernels.hpp"
-#include "core/detail/op.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/detail/kernels.hpp"
+#include "qkv/core/detail/op.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv {
 

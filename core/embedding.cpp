@@ -1,8 +1,8 @@
 // embedding: gather rows of a (V, D) table; backward scatter-adds into the rows it read.
 #include <algorithm>
 
-#include "core/detail/op.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/detail/op.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv {
 

@@ -1,10 +1,10 @@
-#include "core/gradcheck.hpp"
+#include "qkv/core/gradcheck.hpp"
 
 #include <cmath>
 
-#include "core/autograd.hpp"
-#include "core/random.hpp"
-#include "core/shape.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/core/shape.hpp"
 
 namespace qkv {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv {
 

@@ -1,7 +1,7 @@
 // Vectorised float32 loops; see core/detail/kernels.hpp. Written with GCC's vector extensions
 // (which Clang shares), compiled once for each target of target_clones. This file is compiled
 // with -ffp-contract=off: no multiply-add is fused, so every version computes the same bits.
-#include "core/detail/kernels.hpp"
+#include "qkv/core/detail/kernels.hpp"
 
 #include <algorithm>
 #include <cmath>

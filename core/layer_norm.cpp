@@ -1,8 +1,8 @@
 // layer_norm over the last dimension, with optional affine weight and bias (D).
 #include <cmath>
 
-#include "core/detail/op.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/detail/op.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv {
 

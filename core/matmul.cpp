@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <climits>
 
-#include "core/detail/blas.hpp"
-#include "core/detail/kernels.hpp"
-#include "core/detail/op.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/detail/blas.hpp"
+#include "qkv/core/detail/kernels.hpp"
+#include "qkv/core/detail/op.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv {
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/random.hpp"
-#include "core/tensor.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv {
 

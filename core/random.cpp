@@ -1,9 +1,9 @@
-#include "core/random.hpp"
+#include "qkv/core/random.hpp"
 
 #include <cmath>
 #include <numbers>
 
-#include "core/detail/op.hpp"
+#include "qkv/core/detail/op.hpp"
 
 namespace qkv {
 

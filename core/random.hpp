@@ -5,7 +5,7 @@
 #include <array>
 #include <cstdint>
 
-#include "core/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv {
 

@@ -5,8 +5,8 @@
 #include <xtensor/xsort.hpp>
 #include <xtensor/xstrided_view.hpp>
 
-#include "core/detail/op.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/detail/op.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv {
 

@@ -1,5 +1,5 @@
 // The thread pool, the choice of OpenBLAS kernels, memory, and gemm.
-#include "core/runtime.hpp"
+#include "qkv/core/runtime.hpp"
 
 #include <cblas.h>
 #include <libxsmm.h>
@@ -19,8 +19,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/detail/blas.hpp"
-#include "core/detail/kernels.hpp"
+#include "qkv/core/detail/blas.hpp"
+#include "qkv/core/detail/kernels.hpp"
 
 // OpenBLAS built with DYNAMIC_ARCH (as Debian's is) picks its kernels when it loads. These two
 // functions redo that choice; they are exported, but not declared in cblas.h, and absent from

@@ -1,4 +1,4 @@
-#include "core/shape.hpp"
+#include "qkv/core/shape.hpp"
 
 #include <algorithm>
 

@@ -7,8 +7,8 @@
 
 #include <fmt/ranges.h>
 
-#include "core/detail/op.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/detail/op.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv {
 

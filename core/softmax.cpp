@@ -6,8 +6,8 @@
 #include <xtensor/xreducer.hpp>
 #include <xtensor/xsort.hpp>
 
-#include "core/detail/op.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/detail/op.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv {
 

@@ -1,9 +1,9 @@
-#include "core/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "core/detail/op.hpp"
+#include "qkv/core/detail/op.hpp"
 
 namespace qkv {
 

@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "core/xarray.hpp"
+#include "qkv/core/xarray.hpp"
 
-#include "core/dtype.hpp"
-#include "core/shape.hpp"
+#include "qkv/core/dtype.hpp"
+#include "qkv/core/shape.hpp"
 
 namespace qkv {
 

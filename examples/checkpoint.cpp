@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "nn/checkpoint.hpp"
+#include "qkv/nn/checkpoint.hpp"
 
 namespace qkv::examples {
 

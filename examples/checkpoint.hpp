@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "core/random.hpp"
-#include "nn/module.hpp"
-#include "nn/safetensors.hpp"
-#include "optim/optimizer.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/nn/module.hpp"
+#include "qkv/nn/safetensors.hpp"
+#include "qkv/optim/optimizer.hpp"
 
 namespace qkv::examples {
 

@@ -9,13 +9,13 @@
 
 #include <fmt/format.h>
 
-#include "core/autograd.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
 #include "examples/inspect.hpp"
 #include "examples/tasks/tasks.hpp"
 #include "examples/train.hpp"
-#include "nn/circuits.hpp"
-#include "nn/safetensors.hpp"
+#include "qkv/nn/circuits.hpp"
+#include "qkv/nn/safetensors.hpp"
 
 namespace qkv::examples {
 

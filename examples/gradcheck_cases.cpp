@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "core/ops.hpp"
-#include "nn/attention.hpp"
+#include "qkv/core/ops.hpp"
+#include "qkv/nn/attention.hpp"
 
 namespace qkv::examples {
 

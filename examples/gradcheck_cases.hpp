@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/gradcheck.hpp"
+#include "qkv/core/gradcheck.hpp"
 
 namespace qkv::examples {
 

@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xview.hpp>
 
-#include "core/autograd.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
 #include "examples/heatmap.hpp"
 #include "examples/tasks/tasks.hpp"
-#include "nn/safetensors.hpp"
+#include "qkv/nn/safetensors.hpp"
 
 namespace qkv::examples {
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "examples/model.hpp"
-#include "nn/circuits.hpp"
+#include "qkv/nn/circuits.hpp"
 
 namespace qkv::examples {
 

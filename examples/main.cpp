@@ -19,8 +19,9 @@
 #include "examples/inspect.hpp"
 #include "examples/tasks/tasks.hpp"
 #include "examples/train.hpp"
-#include "core/runtime.hpp"
-#include "nn/safetensors.hpp"
+#include "qkv/core/runtime.hpp"
+#include "qkv/nn/safetensors.hpp"
+#include "qkv/version.hpp"
 
 namespace {
 
@@ -177,6 +178,7 @@ int main(int argc, char** argv) {
   qkv::set_num_threads(1);  // and OpenBLAS single-threaded: `train --threads` sets more
   qkv::reuse_freed_memory();
   CLI::App app{"qkv: train small attention models and look inside them"};
+  app.set_version_flag("--version", "qkv " QKV_VERSION);
   app.require_subcommand(1);
 
   std::string filter;

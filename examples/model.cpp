@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/ops.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv::examples {
 

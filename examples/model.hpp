@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "examples/tasks/task.hpp"
-#include "nn/attention.hpp"
+#include "qkv/nn/attention.hpp"
 
 namespace qkv::examples {
 

@@ -14,15 +14,15 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "core/autograd.hpp"
-#include "core/runtime.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/runtime.hpp"
 #include "examples/checkpoint.hpp"
-#include "nn/checkpoint.hpp"
-#include "nn/detail/json.hpp"
-#include "nn/files.hpp"
-#include "nn/safetensors.hpp"
-#include "optim/adam.hpp"
-#include "optim/schedule.hpp"
+#include "qkv/nn/checkpoint.hpp"
+#include "qkv/nn/detail/json.hpp"
+#include "qkv/nn/files.hpp"
+#include "qkv/nn/safetensors.hpp"
+#include "qkv/optim/adam.hpp"
+#include "qkv/optim/schedule.hpp"
 
 namespace qkv::examples {
 

@@ -1,7 +1,7 @@
 #include "fuzz/fixture.hpp"
 
-#include "core/ops.hpp"
-#include "nn/safetensors.hpp"
+#include "qkv/core/ops.hpp"
+#include "qkv/nn/safetensors.hpp"
 
 namespace qkv::fuzz {
 

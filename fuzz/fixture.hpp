@@ -6,7 +6,7 @@
 
 #include "examples/checkpoint.hpp"
 #include "examples/train.hpp"
-#include "optim/adam.hpp"
+#include "qkv/optim/adam.hpp"
 
 namespace qkv::fuzz {
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz/fixture.hpp"
-#include "nn/safetensors.hpp"
+#include "qkv/nn/safetensors.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "nn/attention.hpp"
+#include "qkv/nn/attention.hpp"
 
 #include <cmath>
 #include <limits>
@@ -7,8 +7,8 @@
 #include <xtensor/xoperation.hpp>
 #include <xtensor/xstrided_view.hpp>
 
-#include "core/autograd.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv::nn {
 

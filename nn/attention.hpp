@@ -6,8 +6,8 @@
 #include <memory>
 #include <optional>
 
-#include "core/random.hpp"
-#include "nn/layers.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/nn/layers.hpp"
 
 namespace qkv::nn {
 
@@ -24,7 +24,7 @@ struct MultiHeadAttentionOptions {
   std::size_t vdim = 0;        // width of the value input; 0: d_model
   bool qkv_bias = true;        // GPT-2: all biases; Llama: none; Qwen: q/k/v only
   bool out_bias = true;
-  std::optional<double> scale;  // default 1/√d_head
+  std::optional<double> scale = std::nullopt;  // default 1/√d_head
   QK qk = QK::untied;
   Projection proj = Projection::learned;
   DType dtype = DType::float32;  // of the parameters when built; Module::to changes it later

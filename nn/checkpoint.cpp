@@ -1,4 +1,4 @@
-#include "nn/checkpoint.hpp"
+#include "qkv/nn/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "nn/files.hpp"
+#include "qkv/nn/files.hpp"
 
 namespace qkv::nn {
 

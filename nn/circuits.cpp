@@ -1,4 +1,4 @@
-#include "nn/circuits.hpp"
+#include "qkv/nn/circuits.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 
 #include <xtensor-blas/xlinalg.hpp>
 
-#include "core/autograd.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv::nn {
 

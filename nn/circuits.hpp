@@ -8,7 +8,7 @@
 #include <complex>
 #include <vector>
 
-#include "nn/attention.hpp"
+#include "qkv/nn/attention.hpp"
 
 namespace qkv::nn {
 

@@ -1,4 +1,4 @@
-#include "nn/files.hpp"
+#include "qkv/nn/files.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "nn/detail/json.hpp"
+#include "qkv/nn/detail/json.hpp"
 
 namespace qkv::nn {
 

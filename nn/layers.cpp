@@ -1,8 +1,8 @@
-#include "nn/layers.hpp"
+#include "qkv/nn/layers.hpp"
 
 #include <cmath>
 
-#include "core/ops.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv::nn {
 

@@ -2,8 +2,8 @@
 // The simple layers, with PyTorch's layouts and initialisations.
 #include <cstdint>
 
-#include "core/random.hpp"
-#include "nn/module.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/nn/module.hpp"
 
 namespace qkv::nn {
 

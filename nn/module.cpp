@@ -1,4 +1,4 @@
-#include "nn/module.hpp"
+#include "qkv/nn/module.hpp"
 
 #include <algorithm>
 #include <map>

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv::nn {
 

@@ -1,4 +1,4 @@
-#include "nn/safetensors.hpp"
+#include "qkv/nn/safetensors.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "nn/detail/json.hpp"
+#include "qkv/nn/detail/json.hpp"
 
 namespace qkv::nn {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <string_view>
 
-#include "core/tensor.hpp"
-#include "nn/files.hpp"  // write_atomically
+#include "qkv/core/tensor.hpp"
+#include "qkv/nn/files.hpp"  // write_atomically
 
 namespace qkv::nn {
 

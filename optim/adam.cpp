@@ -1,4 +1,4 @@
-#include "optim/adam.hpp"
+#include "qkv/optim/adam.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,8 @@ namespace qkv::optim {
 
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& options) : Adam(std::move(params), options, false) {}
 
-AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options) : Adam(std::move(params), options, true) {}
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& o)
+    : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.amsgrad}, true) {}
 
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled)
     : Optimizer(std::move(params), o.lr), options_(o), decoupled_(decoupled) {

@@ -5,7 +5,7 @@
 //   m = β1·m + (1 − β1)·g,  v = β2·v + (1 − β2)·g²,  v̂max = max(v̂max, v) with amsgrad
 //   p = p − lr/(1 − β1ᵗ) · m / (√v / √(1 − β2ᵗ) + eps)
 // so eps is added to the bias-corrected √v̂.
-#include "optim/optimizer.hpp"
+#include "qkv/optim/optimizer.hpp"
 
 namespace qkv::optim {
 
@@ -18,8 +18,15 @@ struct AdamOptions {
   bool amsgrad = false;
 };
 
-struct AdamWOptions : AdamOptions {
-  AdamWOptions() { weight_decay = 1e-2; }  // torch.optim.AdamW's default
+// The same fields, with torch.optim.AdamW's default weight decay; an aggregate, as AdamOptions, so
+// that AdamW(params, {.lr = 3e-3}) compiles.
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
 };
 
 class Adam : public Optimizer {

@@ -1,4 +1,4 @@
-#include "optim/optimizer.hpp"
+#include "qkv/optim/optimizer.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -5,7 +5,7 @@
 //   for (std::size_t step = 0; step < 2000; ++step) { s.apply(opt, step); ...; opt.step(); }
 #include <cstddef>
 
-#include "optim/optimizer.hpp"
+#include "qkv/optim/optimizer.hpp"
 
 namespace qkv::optim {
 

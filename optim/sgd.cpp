@@ -1,4 +1,4 @@
-#include "optim/sgd.hpp"
+#include "qkv/optim/sgd.hpp"
 
 #include <cmath>
 

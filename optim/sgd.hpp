@@ -4,7 +4,7 @@
 //   b = d at the first step, then momentum·b + (1 − dampening)·d
 //   d = d + momentum·b (nesterov) or b (otherwise)
 //   p = p − lr·d
-#include "optim/optimizer.hpp"
+#include "qkv/optim/optimizer.hpp"
 
 namespace qkv::optim {
 

@@ -2,7 +2,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-#include "core/runtime.hpp"
+#include "qkv/core/runtime.hpp"
 
 int main(int argc, char** argv) {
   qkv::use_fastest_blas_kernels();

@@ -1,6 +1,6 @@
 #pragma once
 // Test helpers: float64 tensors from literals, element-wise comparison, gradcheck assertions.
-#include "core/xarray.hpp"  // before any other xtensor header: see the note in it
+#include "qkv/core/xarray.hpp"  // before any other xtensor header: see the note in it
 
 #include <catch2/catch.hpp>
 #include <xtensor/xview.hpp>
@@ -11,9 +11,9 @@
 #include <filesystem>
 #include <string>
 
-#include "core/autograd.hpp"
-#include "core/gradcheck.hpp"
-#include "core/ops.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/gradcheck.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv::test {
 

@@ -16,9 +16,9 @@
 #include <xtensor/xmath.hpp>
 #include <xtensor/xtensor.hpp>
 
-#include "core/autograd.hpp"
-#include "core/detail/kernels.hpp"
-#include "core/detail/node.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/detail/kernels.hpp"
+#include "qkv/core/detail/node.hpp"
 
 namespace qkv::detail {
 

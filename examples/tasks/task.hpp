@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/random.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv::examples {
 

@@ -4,7 +4,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/runtime.hpp"
+#include "qkv/core/runtime.hpp"
 
 using namespace qkv;
 using namespace qkv::test;

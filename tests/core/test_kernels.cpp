@@ -5,8 +5,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/detail/blas.hpp"
-#include "core/detail/kernels.hpp"
+#include "qkv/core/detail/blas.hpp"
+#include "qkv/core/detail/kernels.hpp"
 
 using namespace qkv;
 

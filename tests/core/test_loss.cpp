@@ -1,7 +1,7 @@
 #include "tests/helpers.hpp"
 
-#include "core/random.hpp"
-#include "core/runtime.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/core/runtime.hpp"
 
 using namespace qkv;
 using namespace qkv::test;

@@ -1,6 +1,6 @@
 #include "tests/helpers.hpp"
 
-#include "core/random.hpp"
+#include "qkv/core/random.hpp"
 
 using namespace qkv;
 using namespace qkv::test;

@@ -6,8 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/detail/blas.hpp"
-#include "core/runtime.hpp"
+#include "qkv/core/detail/blas.hpp"
+#include "qkv/core/runtime.hpp"
 
 using namespace qkv;
 

@@ -8,8 +8,8 @@
 #include "examples/heatmap.hpp"
 #include "examples/inspect.hpp"
 #include "examples/tasks/tasks.hpp"
-#include "nn/safetensors.hpp"
-#include "optim/adam.hpp"
+#include "qkv/nn/safetensors.hpp"
+#include "qkv/optim/adam.hpp"
 #include "tests/examples/short_run.hpp"
 
 using namespace qkv;

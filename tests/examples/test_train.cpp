@@ -6,8 +6,8 @@
 
 #include "examples/train.hpp"
 #include "examples/checkpoint.hpp"
-#include "nn/checkpoint.hpp"
-#include "nn/safetensors.hpp"
+#include "qkv/nn/checkpoint.hpp"
+#include "qkv/nn/safetensors.hpp"
 #include "tests/examples/short_run.hpp"
 
 using namespace qkv;

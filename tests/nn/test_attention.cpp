@@ -1,7 +1,7 @@
 #include "tests/helpers.hpp"
 
-#include "nn/attention.hpp"
-#include "optim/adam.hpp"
+#include "qkv/nn/attention.hpp"
+#include "qkv/optim/adam.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;

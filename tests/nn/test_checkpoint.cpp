@@ -2,8 +2,8 @@
 
 #include <filesystem>
 
-#include "nn/checkpoint.hpp"
-#include "nn/files.hpp"
+#include "qkv/nn/checkpoint.hpp"
+#include "qkv/nn/files.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;

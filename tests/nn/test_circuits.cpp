@@ -3,7 +3,7 @@
 #include <xtensor/xadapt.hpp>
 #include <xtensor-blas/xlinalg.hpp>
 
-#include "nn/circuits.hpp"
+#include "qkv/nn/circuits.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;

@@ -4,8 +4,8 @@
 
 #include <fstream>
 
-#include "nn/detail/json.hpp"
-#include "nn/files.hpp"
+#include "qkv/nn/detail/json.hpp"
+#include "qkv/nn/files.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;

@@ -1,6 +1,6 @@
 #include "tests/helpers.hpp"
 
-#include "nn/layers.hpp"
+#include "qkv/nn/layers.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;

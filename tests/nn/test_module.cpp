@@ -1,6 +1,6 @@
 #include "tests/helpers.hpp"
 
-#include "nn/attention.hpp"
+#include "qkv/nn/attention.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;

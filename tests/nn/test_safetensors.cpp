@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "nn/safetensors.hpp"
+#include "qkv/nn/safetensors.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;

@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "optim/adam.hpp"
-#include "optim/schedule.hpp"
-#include "optim/sgd.hpp"
+#include "qkv/optim/adam.hpp"
+#include "qkv/optim/schedule.hpp"
+#include "qkv/optim/sgd.hpp"
 
 using namespace qkv;
 using namespace qkv::optim;
@@ -58,7 +58,7 @@ std::unique_ptr<Optimizer> make(const std::string& kind, const json& o, std::vec
                                                    .dampening = o.value("dampening", 0.0),
                                                    .weight_decay = o.value("weight_decay", 0.0),
                                                    .nesterov = o.value("nesterov", false)});
-  auto fill = [&](AdamOptions& a) {
+  auto fill = [&](auto& a) {
     a.lr = o.value("lr", a.lr);
     if (o.contains("betas")) a.beta1 = o["betas"][0], a.beta2 = o["betas"][1];
     a.eps = o.value("eps", a.eps);

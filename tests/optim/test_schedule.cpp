@@ -1,7 +1,7 @@
 #include "tests/helpers.hpp"
 
-#include "optim/schedule.hpp"
-#include "optim/sgd.hpp"
+#include "qkv/optim/schedule.hpp"
+#include "qkv/optim/sgd.hpp"
 
 using namespace qkv;
 using namespace qkv::optim;
