@@ -1,6 +1,7 @@
-// Vectorised float32 loops; see core/detail/kernels.hpp. Written with GCC's vector extensions
-// (which Clang shares), compiled once for each target of target_clones. This file is compiled
-// with -ffp-contract=off: no multiply-add is fused, so every version computes the same bits.
+// Vectorised loops, float32 and, where both dtypes use them, float64; see core/detail/kernels.hpp.
+// Written with GCC's vector extensions (which Clang shares), compiled once for each target of
+// target_clones. This file is compiled with -ffp-contract=off: no multiply-add is fused, so every
+// version computes the same bits.
 #include "qkv/core/detail/kernels.hpp"
 
 #include <algorithm>
@@ -9,11 +10,8 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__SANITIZE_THREAD__)
-#define QKV_CLONES  // the loader runs target_clones' resolvers before ThreadSanitizer's runtime is up
-#else
-#define QKV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+#include "qkv/core/detail/target_clones.hpp"
+
 // Helpers are compiled into each clone, for its instruction set, only when inlined.
 #define QKV_INLINE [[gnu::always_inline]] inline
 

@@ -11,6 +11,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "examples/heatmap.hpp"
 #include "examples/inspect.hpp"
 #include "examples/tasks/tasks.hpp"
 #include "examples/train.hpp"
@@ -312,12 +313,6 @@ std::string markdown_table(const std::string& name, const Json& runs) {
     for (const Extra& x : extras) cells.push_back(mean_sd(column(g, x.key.c_str()), x.format.c_str()));
     out += "| " + fmt::format("{}", fmt::join(cells, " | ")) + " |\n";
   }
-  return out;
-}
-
-std::string escape_xml(const std::string& text) {
-  std::string out;
-  for (char c : text) out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
   return out;
 }
 

@@ -27,20 +27,6 @@ int level(double magnitude) {
   return 4;
 }
 
-std::string escape_xml(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 struct Rgb {
   double r, g, b;
 };
@@ -68,6 +54,20 @@ std::string number(double v) {
 }
 
 }  // namespace
+
+std::string escape_xml(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
 
 std::string heatmap_text(const Heatmap& map, bool color) {
   const std::size_t R = map.values.shape()[0], C = map.values.shape()[1];

@@ -21,6 +21,9 @@ struct Heatmap {
 // orange for weights); without, negative cells use - = # instead of blocks.
 std::string heatmap_text(const Heatmap& map, bool color);
 
+// Text made safe inside an XML element or attribute: < > & and " escaped.
+std::string escape_xml(const std::string& text);
+
 // An <svg> element: cells with a tooltip each, row and column labels, a title and a colour bar.
 std::string heatmap_svg(const Heatmap& map);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "qkv/core/detail/target_clones.hpp"
+
 namespace qkv::optim {
 
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& options) : Adam(std::move(params), options, false) {}
@@ -55,11 +57,6 @@ template <class T>
   }
 }
 
-#if defined(__SANITIZE_THREAD__)
-#define QKV_CLONES  // the loader runs target_clones' resolvers before ThreadSanitizer's runtime is up
-#else
-#define QKV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 QKV_CLONES void adam_update(float* p, const float* g, float* m, float* v, float* vmax, std::size_t n,
                             const Coefficients& c) {
   adam_loop(p, g, m, v, vmax, n, c);
@@ -68,7 +65,6 @@ QKV_CLONES void adam_update(double* p, const double* g, double* m, double* v, do
                             const Coefficients& c) {
   adam_loop(p, g, m, v, vmax, n, c);
 }
-#undef QKV_CLONES
 
 }  // namespace
 

@@ -31,7 +31,7 @@ class Optimizer {
   void load_state_dict(const StateDict& state);
 
  protected:
-  // Updates parameter i, whose gradient is defined; T is its dtype.
+  // Updates parameter i, whose gradient is defined, in the parameter's dtype.
   virtual void update(std::size_t i, Tensor& param, const Tensor& grad) = 0;
   // The buffers, all of the parameter's shape, that each updated parameter has with these options.
   virtual std::vector<std::string> buffer_names() const = 0;
