@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
   std::optional<std::uint64_t> seed, steps, layers, heads, d_model, d_head, kv_heads, batch, threads, checkpoint_every;
   std::optional<double> lr;
   std::string out;
-  bool no_scale = false, resume = false, force = false;
+  bool no_scale = false, mlp = false, resume = false, force = false;
   const auto count = whole(1, max_steps);
   auto* train_cmd = app.add_subcommand("train", "Train a model on a task");
   train_cmd->add_option("TASK", task, "brackets, rps or induction")->required()->check(CLI::IsMember(task_names()));
@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--qk", qk, "tied or untied")->check(CLI::IsMember({"tied", "untied"}));
   train_cmd->add_option("--proj", proj, "learned, frozen or identity")->check(CLI::IsMember({"learned", "frozen", "identity"}));
   train_cmd->add_flag("--no-scale", no_scale, "Scores without the 1/sqrt(d_head) factor");
+  train_cmd->add_flag("--mlp", mlp, "A LayerNorm + MLP (d_model -> 4 d_model -> d_model, GELU) after each attention");
   std::string embeddings, attention;
   train_cmd->add_option("--embeddings", embeddings, "learned, or frozen: embeddings and LayerNorms keep their init")
       ->check(CLI::IsMember({"learned", "frozen"}));
@@ -295,6 +296,7 @@ int main(int argc, char** argv) {
         o.model.proj = proj == "learned" ? qkv::nn::Projection::learned
                        : proj == "frozen" ? qkv::nn::Projection::frozen : qkv::nn::Projection::identity;
       if (no_scale) o.model.scale = false;
+      if (mlp) o.model.mlp = true;
       if (!embeddings.empty()) o.model.frozen_embeddings = embeddings == "frozen";
       if (!attention.empty()) o.model.causal = attention == "causal";
       o.out = out;

@@ -276,3 +276,32 @@ TEST_CASE("check_options names the field at fault, and estimate_memory grows wit
   CHECK(small.model >= 16 * params);
   CHECK(small.model <= 2 * 16 * params);
 }
+
+TEST_CASE("with the MLP, each block has a LayerNorm and two layers after its attention, and they train") {
+  std::ostringstream quiet;
+  TrainOptions o = short_run("induction", "mlp", 20);
+  o.model.mlp = true;
+  const TrainResult r = train(o, quiet, false);
+  REQUIRE(r.loss);
+  CHECK(std::isfinite(*r.loss));
+  CHECK(read_config(o.out).model.mlp);
+  Generator gen(o.seed);
+  const Model init(o.model, gen);
+  const auto trained = load_model(o.out);
+  const StateDict before = init.named_parameters(), after = trained->named_parameters();
+  std::vector<std::string> mlp_names;
+  for (std::size_t i = 0; i < before.size(); ++i)
+    if (before[i].first.find(".fc.") != std::string::npos || before[i].first.find(".proj.") != std::string::npos ||
+        before[i].first.find(".ln2.") != std::string::npos) {
+      mlp_names.push_back(before[i].first);
+      INFO(before[i].first);
+      CHECK_FALSE(bool(before[i].second.value<float>() == after[i].second.value<float>()));
+    }
+  // Per layer: ln2 (weight, bias), fc (weight, bias), proj (weight, bias); the fc weight is (4·d_model, d_model).
+  CHECK(mlp_names.size() == 6 * o.model.layers);
+  CHECK(trained->blocks[0]->fc->weight.shape() == Shape{4 * o.model.d_model, o.model.d_model});
+  // The memory estimate counts the MLP's weights.
+  TrainOptions without = o;
+  without.model.mlp = false;
+  CHECK(estimate_memory(o).model > estimate_memory(without).model + 16.0 * 8 * double(o.model.d_model * o.model.d_model));
+}
