@@ -39,18 +39,16 @@ auto expand(const Array<T>& g, const Reduction& r) {
   return xt::broadcast(xt::reshape_view(g, r.kept), r.in);
 }
 
-bool is_empty(const Shape& shape) { return std::find(shape.begin(), shape.end(), 0) != shape.end(); }
-
 template <class T>
 Tensor sum_scaled(const char* op, const Tensor& x, const Reduction& r, T scale) {
   // xtensor's reducers read out of bounds on an empty input: a sum of nothing is 0 here.
-  Array<T> y = is_empty(r.in)        ? Array<T>(xt::zeros<T>(r.kept))
-               : r.axes.empty()      ? Array<T>(x.value<T>())
-                                     : Array<T>(xt::sum(x.value<T>(), r.axes, keep));
+  Array<T> y = numel(r.in) == 0 ? Array<T>(xt::zeros<T>(r.kept))
+               : r.axes.empty()  ? Array<T>(x.value<T>())
+                                 : Array<T>(xt::sum(x.value<T>(), r.axes, keep));
   if (scale != T(1)) y *= scale;
   y.reshape(r.out);
   return record_op<T>(op, std::move(y), {&x}, [r, scale](BackwardContext<T>& ctx) {
-    if (is_empty(r.in)) return ctx.accumulate(0, Array<T>::from_shape(r.in));
+    if (numel(r.in) == 0) return ctx.accumulate(0, Array<T>::from_shape(r.in));
     ctx.accumulate(0, expand(ctx.grad(), r) * scale);
   });
 }
@@ -67,7 +65,7 @@ Tensor mean(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim
   check_inputs("mean", {&x});
   const Reduction r = plan_for("mean", x, axes, keepdim);
   // PyTorch's mean of nothing is NaN; here it is an error, unless no output needs a value.
-  if (r.count == 0 && !is_empty(r.out)) fail("mean", "reducing over an empty axis of shape {}", to_string(r.in));
+  if (r.count == 0 && numel(r.out) != 0) fail("mean", "reducing over an empty axis of shape {}", to_string(r.in));
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
     return sum_scaled<T>("mean", x, r, r.count ? T(1) / static_cast<T>(r.count) : T(1));
@@ -81,13 +79,13 @@ Tensor max(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim)
   if (r.count == 0) fail("max", "reducing over an empty axis of shape {}", to_string(r.in));
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    Array<T> y = is_empty(r.in)   ? Array<T>::from_shape(r.kept)
-                 : r.axes.empty() ? Array<T>(x.value<T>())
-                                  : Array<T>(xt::amax(x.value<T>(), r.axes, keep));
+    Array<T> y = numel(r.in) == 0 ? Array<T>::from_shape(r.kept)
+                 : r.axes.empty()  ? Array<T>(x.value<T>())
+                                   : Array<T>(xt::amax(x.value<T>(), r.axes, keep));
     y.reshape(r.out);
     return record_op<T>("max", std::move(y), {&x}, [x, r](BackwardContext<T>& ctx) {
       // The gradient goes to the maxima, shared equally among ties.
-      if (is_empty(r.in)) return ctx.accumulate(0, Array<T>::from_shape(r.in));
+      if (numel(r.in) == 0) return ctx.accumulate(0, Array<T>::from_shape(r.in));
       if (r.axes.empty()) return ctx.accumulate(0, ctx.grad());  // a 0-d input is its own max
       const Array<T> is_max = xt::cast<T>(xt::equal(x.value<T>(), expand(ctx.output(), r)));
       const Array<T> ties = xt::sum(is_max, r.axes, keep);

@@ -1,12 +1,21 @@
 #include "qkv/core/shape.hpp"
 
 #include <algorithm>
+#include <charconv>
 
 #include <fmt/ranges.h>
 
 namespace qkv {
 
 std::string to_string(const Shape& shape) { return fmt::format("({})", fmt::join(shape, ",")); }
+
+std::optional<std::size_t> parse_count(std::string_view text) {
+  std::size_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (text.empty() || error != std::errc() || stop != end) return std::nullopt;
+  return value;
+}
 
 std::size_t numel(const Shape& shape) {
   std::size_t n = 1;

@@ -2,6 +2,7 @@
 // Shapes, axes and broadcasting: the checks every op shares, with errors that name the op.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -12,6 +13,10 @@
 namespace qkv {
 
 using Shape = std::vector<std::size_t>;
+
+// A size or count written in decimal digits alone ("1000"); none for anything else: a sign,
+// spaces, other characters, or a number past 2^64 − 1 (std::stoull would take "-1" as 2^64 − 1).
+std::optional<std::size_t> parse_count(std::string_view text);
 
 // "(2,3)"; "()" for a scalar.
 std::string to_string(const Shape& shape);

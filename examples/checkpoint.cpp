@@ -20,10 +20,8 @@ std::string metadata(const nn::Safetensors& f, const std::string& file, const st
   return it->second;
 }
 
-// Digits only: std::stoull would take "-1" as 2^64 − 1.
 std::size_t parse_step(const std::string& file, const std::string& text) {
-  if (!text.empty() && text.size() <= 15 && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return std::stoull(text);
+  if (const auto step = parse_count(text)) return *step;
   throw std::runtime_error(fmt::format("{}: step '{}' is not a number", file, text));
 }
 

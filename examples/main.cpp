@@ -1,7 +1,6 @@
 // The qkv program: train toy attention models and look inside them.
 #include <unistd.h>
 
-#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -37,9 +36,8 @@ template <class... Args>
 CLI::Validator whole(std::uint64_t lo, std::uint64_t hi) {
   return CLI::Validator(
       [lo, hi](std::string& text) -> std::string {
-        std::uint64_t value = 0;
-        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-        if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < lo || value > hi)
+        const auto value = qkv::parse_count(text);
+        if (!value || *value < lo || *value > hi)
           return fmt::format("must be a whole number from {} to {}, got '{}'", lo, hi, text);
         return "";
       },

@@ -389,11 +389,7 @@ void check_holds_nothing_else(const std::string& dir) {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
-    const std::string stem = tmp ? name.substr(0, name.size() - 4) : "";
-    const bool leftover = name == "run.lock" || (tmp && (stem == "checkpoint" || nn::checkpoint_step(stem) ||
-                                                         std::find(run_files.begin(), run_files.end(), stem) != run_files.end()));
-    if (!leftover) throw UsageError(fmt::format("--out {}: holds '{}' and no qkv run; choose a new or empty folder", dir, name));
+    if (name != "run.lock" && !nn::is_partial_file(name, run_files)) throw UsageError(fmt::format("--out {}: holds '{}' and no qkv run; choose a new or empty folder", dir, name));
   }
 }
 
@@ -523,7 +519,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
   const std::string metrics_file = folder.path() + "/metrics.jsonl";
   std::size_t first_step = 0;
   if (o.resume) {
-    note_differences(read_config(folder.path()), progress);
+    note_differences(options, progress);  // a resumed run's options are its config.json's
     const auto saved =
         resume_checkpoint(folder.path(), model, opt, {.max_step = o.steps, .updated = updated_parameters(model, *task)},
                           progress);

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "qkv/core/shape.hpp"
 #include "qkv/nn/files.hpp"
 
 namespace qkv::nn {
@@ -33,14 +34,8 @@ std::string folder_name(std::size_t step) { return fmt::format("{}{:08}", prefix
 
 // The step of a name "checkpoint-DIGITS", if it is one.
 std::optional<std::size_t> step_of(std::string_view name) {
-  if (name.substr(0, prefix.size()) != prefix || name.size() == prefix.size() || name.size() > prefix.size() + 19)
-    return std::nullopt;
-  std::size_t step = 0;
-  for (const char c : name.substr(prefix.size())) {
-    if (c < '0' || c > '9') return std::nullopt;
-    step = step * 10 + std::size_t(c - '0');
-  }
-  return step;
+  if (name.substr(0, prefix.size()) != prefix) return std::nullopt;
+  return parse_count(name.substr(prefix.size()));
 }
 
 // Points DIR/NAME at `target` in one step: a new link, renamed over the old entry.
@@ -177,15 +172,16 @@ void recommit_checkpoint(const std::string& dir, std::size_t step) {
   sync_folder(dir);
 }
 
+bool is_partial_file(std::string_view name, const std::vector<std::string>& files) {
+  if (name.size() <= 4 || name.substr(name.size() - 4) != ".tmp") return false;
+  const std::string_view stem = name.substr(0, name.size() - 4);
+  return stem == "checkpoint" || step_of(stem) || std::find(files.begin(), files.end(), stem) != files.end();
+}
+
 void remove_partial_files(const std::string& dir, const std::vector<std::string>& files) {
   std::error_code error;
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() <= 4 || name.compare(name.size() - 4, 4, ".tmp") != 0) continue;
-    const std::string stem = name.substr(0, name.size() - 4);
-    if (stem == "checkpoint" || step_of(stem) || std::find(files.begin(), files.end(), stem) != files.end())
-      remove_tree(entry.path().string());
-  }
+  for (const auto& entry : fs::directory_iterator(dir, error))
+    if (is_partial_file(entry.path().filename().string(), files)) remove_tree(entry.path().string());
 }
 
 std::optional<std::size_t> checkpoint_step(const std::string& folder) {

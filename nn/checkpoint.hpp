@@ -55,8 +55,10 @@ std::vector<std::pair<std::size_t, std::string>> checkpoint_folders(const std::s
 // until the resumed run commits its next checkpoint.
 void recommit_checkpoint(const std::string& dir, std::size_t step);
 
-// Removes what a write that died left in DIR: checkpoint-STEP.tmp/, checkpoint.tmp, and FILE.tmp
-// for each of `files`. Nothing else: the folder may hold a user's own .tmp files.
+// Whether `name` is what a write of a run folder's that died leaves: checkpoint-STEP.tmp,
+// checkpoint.tmp, or FILE.tmp for one of `files`. A user's own .tmp files are not.
+bool is_partial_file(std::string_view name, const std::vector<std::string>& files);
+// Removes every such entry from DIR.
 void remove_partial_files(const std::string& dir, const std::vector<std::string>& files);
 
 // The step of a checkpoint folder's path (".../checkpoint-00001000" -> 1000), if it is one.

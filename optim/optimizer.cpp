@@ -76,9 +76,7 @@ void Optimizer::load_state_dict(const StateDict& state) {
     }
     const auto dot = name.find('.');
     const std::string index = name.substr(0, dot), field = dot == std::string::npos ? "" : name.substr(dot + 1);
-    std::size_t i = params_.size();
-    if (!index.empty() && index.size() <= 9 && std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      i = std::stoul(index);
+    const std::size_t i = parse_count(index).value_or(params_.size());
     if (i >= params_.size() || (field != "step" && std::find(known.begin(), known.end(), field) == known.end()))
       fail("Optimizer::load_state_dict", "unexpected entry '{}' for {} parameters with state {}", name,
            params_.size(), fmt::join(known, ", "));

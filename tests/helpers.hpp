@@ -59,15 +59,23 @@ inline void check_gradients(const GradcheckFunction& f, const std::vector<Tensor
   CHECK(r.checked > 0);
 }
 
-// The message of the std::invalid_argument that `f` throws ("" if it throws none).
-template <class F>
-std::string invalid_argument_message(F&& f) {
+// The message of the exception of type E that `f` throws ("" if it throws none).
+template <class E, class F>
+std::string error_message(F&& f) {
   try {
     f();
-  } catch (const std::invalid_argument& e) {
+  } catch (const E& e) {
     return e.what();
   }
   return "";
+}
+template <class F>
+std::string runtime_error_message(F&& f) {
+  return error_message<std::runtime_error>(f);
+}
+template <class F>
+std::string invalid_argument_message(F&& f) {
+  return error_message<std::invalid_argument>(f);
 }
 
 }  // namespace qkv::test

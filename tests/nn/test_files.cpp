@@ -13,19 +13,6 @@ using namespace qkv::test;
 using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;
 
-namespace {
-
-std::string runtime_error_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
-
 TEST_CASE("read_file reads regular files whole and refuses FIFOs, folders and files over the limit") {
   const std::string dir = scratch("read_file");
   {
