@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "examples/checkpoint.hpp"
+#include "examples/cli/checkpoint.hpp"
 #include "fuzz/fixture.hpp"
 
 namespace {
@@ -29,13 +29,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const nn::Safetensors optimizer_file = nn::parse_safetensors(run.optimizer_file, "fuzz/optimizer.safetensors");
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
 
-  expect_success_or_runtime_error([&] { examples::parse_config(bytes, "fuzz/config.json"); });
+  expect_success_or_runtime_error([&] { cli::parse_config(bytes, "fuzz/config.json"); });
   expect_success_or_runtime_error([&] {
     const nn::Safetensors file = nn::parse_safetensors(bytes, "fuzz/input.safetensors");
     expect_success_or_runtime_error(
-        [&] { examples::restore_checkpoint("fuzz", file, optimizer_file, *run.model, *run.optimizer, run.check); });
+        [&] { cli::restore_checkpoint("fuzz", file, optimizer_file, *run.model, *run.optimizer, run.check); });
     expect_success_or_runtime_error(
-        [&] { examples::restore_checkpoint("fuzz", model_file, file, *run.model, *run.optimizer, run.check); });
+        [&] { cli::restore_checkpoint("fuzz", model_file, file, *run.model, *run.optimizer, run.check); });
   });
   return 0;
 }

@@ -5,13 +5,13 @@
 
 namespace qkv::fuzz {
 
-Fixture::Fixture() : options(examples::default_options("brackets")) {
+Fixture::Fixture() : options(cli::default_options("brackets")) {
   options.out = "fuzz";
   options.model.layers = 1;
   options.model.heads = 1;
   options.model.d_model = 4;
   Generator gen(options.seed);
-  model = std::make_unique<examples::Model>(options.model, gen);
+  model = std::make_unique<cli::Model>(options.model, gen);
   optimizer = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = options.lr});
   // One step on Σ‖p‖², whose gradients need no BLAS: the files are the same bytes on every machine.
   Tensor loss = scalar(0.0);
@@ -20,7 +20,7 @@ Fixture::Fixture() : options(examples::default_options("brackets")) {
   optimizer->step();
   check = {.max_step = options.steps, .updated = std::vector<bool>(model->parameters().size(), true)};
   const auto& r = gen.state();
-  config = examples::config_text(options);
+  config = cli::config_text(options);
   model_file = nn::serialize_safetensors(model->state_dict(), {{"step", "1"}});
   optimizer_file = nn::serialize_safetensors(
       optimizer->state_dict(), {{"step", "1"}, {"rng", fmt::format("{} {} {} {}", r[0], r[1], r[2], r[3])}});

@@ -4,18 +4,18 @@
 #include <memory>
 #include <string>
 
-#include "examples/checkpoint.hpp"
-#include "examples/train.hpp"
+#include "examples/cli/checkpoint.hpp"
+#include "examples/cli/train.hpp"
 #include "qkv/optim/adam.hpp"
 
 namespace qkv::fuzz {
 
 struct Fixture {
   Fixture();
-  examples::TrainOptions options;
-  std::unique_ptr<examples::Model> model;
+  cli::TrainOptions options;
+  std::unique_ptr<cli::Model> model;
   std::unique_ptr<optim::Adam> optimizer;
-  examples::CheckpointCheck check;  // what its checkpoint must hold: every parameter has a step's state
+  cli::CheckpointCheck check;  // what its checkpoint must hold: every parameter has a step's state
   // The valid files of the run.
   std::string config, model_file, optimizer_file;
 };

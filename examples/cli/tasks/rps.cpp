@@ -1,9 +1,9 @@
 #include <algorithm>
 #include <sstream>
 
-#include "examples/tasks/tasks.hpp"
+#include "examples/cli/tasks/tasks.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 namespace {
 constexpr std::int64_t R = 0, P = 1, S = 2;
@@ -67,4 +67,4 @@ std::vector<std::int64_t> RpsTask::encode(const std::string& text) const {
 
 std::string RpsTask::token_name(std::int64_t token) const { return decode({token}); }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -1,11 +1,11 @@
-#include "examples/model.hpp"
+#include "examples/cli/model.hpp"
 
 #include <cmath>
 #include <limits>
 
 #include "qkv/core/ops.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 namespace {
 
@@ -104,4 +104,4 @@ IndexArray Model::predictions(const Tensor& output) {
   return output.dtype() == DType::float32 ? argmax_rows(output.value<float>()) : argmax_rows(output.value<double>());
 }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

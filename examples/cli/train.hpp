@@ -9,9 +9,9 @@
 #include <string>
 #include <string_view>
 
-#include "examples/model.hpp"
+#include "examples/cli/model.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 // A bad command line: the program exits with code 2 (a fault in a file, or anything else, exits 1).
 struct UsageError : std::runtime_error {
@@ -121,4 +121,4 @@ void truncate_metrics(const std::string& path, std::size_t step);
 // Accuracy of `model` on `batches` fresh batches drawn from `seed`.
 Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed);
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 struct ExperimentOptions {
   std::string name;
@@ -41,4 +41,4 @@ std::vector<std::string> experiment_names();
 // unknown name.
 ExperimentResult run_experiment(const ExperimentOptions& options, std::ostream& progress, bool tty);
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -1,4 +1,4 @@
-#include "examples/heatmap.hpp"
+#include "examples/cli/heatmap.hpp"
 
 #include <algorithm>
 #include <array>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 namespace {
 
@@ -173,4 +173,4 @@ std::string heatmap_svg(const Heatmap& map) {
   return s;
 }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -6,10 +6,10 @@
 #include <memory>
 #include <vector>
 
-#include "examples/tasks/task.hpp"
+#include "examples/cli/tasks/task.hpp"
 #include "qkv/nn/attention.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 struct ModelConfig {
   std::size_t vocab_size = 0, n_classes = 0, max_len = 0;
@@ -61,4 +61,4 @@ class Model : public nn::Module {
   ModelConfig config_;
 };
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -1,9 +1,9 @@
 #pragma once
 // The three tasks. Their texts: brackets "([])[]", rps "Ra Pb Sc Ra" (symbol and payload
 // letters), induction "3 17 5 3 17 5" (token numbers).
-#include "examples/tasks/task.hpp"
+#include "examples/cli/tasks/task.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 // Dyck-2 over () and [], after a BOS token: tokens BOS 0, ( 1, ) 2, [ 3, ] 4, pad 5. Lengths are
 // even, uniform in [min_len, max_len]; depth never exceeds max_depth. The target of a closer is
@@ -65,4 +65,4 @@ class InductionTask : public Task {
   TaskInfo info_;
 };
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <string>
 
-#include "examples/train.hpp"
+#include "examples/cli/train.hpp"
 
 namespace qkv::test {
 
@@ -14,9 +14,9 @@ inline std::string temp_folder(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("qkv_" + name + "_" + std::to_string(::getpid()))).string();
 }
 
-inline examples::TrainOptions short_run(const std::string& task, const std::string& out, std::size_t steps = 30,
+inline cli::TrainOptions short_run(const std::string& task, const std::string& out, std::size_t steps = 30,
                                         std::size_t checkpoint_every = 500) {
-  examples::TrainOptions o = examples::default_options(task);
+  cli::TrainOptions o = cli::default_options(task);
   o.steps = steps;
   o.checkpoint_every = checkpoint_every;
   o.warmup = 5;

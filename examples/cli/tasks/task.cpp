@@ -1,11 +1,11 @@
-#include "examples/tasks/task.hpp"
+#include "examples/cli/tasks/task.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "examples/tasks/tasks.hpp"
+#include "examples/cli/tasks/tasks.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 IndexArray filled(std::size_t rows, std::size_t cols, std::int64_t value) {
   IndexArray a = IndexArray::from_shape({rows, cols});
@@ -49,4 +49,4 @@ std::unique_ptr<Task> make_task(const std::string& name) {
   fail("task", "unknown task '{}' (known: {})", name, fmt::join(task_names(), ", "));
 }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -2,9 +2,9 @@
 
 #include <set>
 
-#include "examples/gradcheck_cases.hpp"
+#include "examples/cli/gradcheck_cases.hpp"
 
-using qkv::examples::gradcheck_cases;
+using qkv::cli::gradcheck_cases;
 
 TEST_CASE("every configuration in the gradcheck catalogue passes") {
   for (const auto& c : gradcheck_cases()) {

@@ -1,11 +1,11 @@
-#include "examples/gradcheck_cases.hpp"
+#include "examples/cli/gradcheck_cases.hpp"
 
 #include <cmath>
 
 #include "qkv/core/ops.hpp"
 #include "qkv/nn/attention.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 namespace {
 
@@ -308,4 +308,4 @@ const std::vector<GradcheckCase>& gradcheck_cases() {
   return cases;
 }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -14,7 +14,7 @@
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/optim/optimizer.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 struct CheckpointState {
   std::size_t step = 0;       // optimizer steps taken
@@ -48,4 +48,4 @@ CheckpointState restore_checkpoint(const std::string& folder, const nn::Safetens
                                    const nn::Safetensors& optimizer_file, nn::Module& model,
                                    optim::Optimizer& optimizer, const CheckpointCheck& check);
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

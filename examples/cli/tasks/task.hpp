@@ -12,7 +12,7 @@
 
 #include "qkv/core/random.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 constexpr std::int64_t ignore_target = -100;
 
@@ -63,4 +63,4 @@ std::vector<std::string> task_names();
 // Throws std::invalid_argument naming the task and listing the known ones.
 std::unique_ptr<Task> make_task(const std::string& name);
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -1,4 +1,4 @@
-#include "examples/checkpoint.hpp"
+#include "examples/cli/checkpoint.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -10,7 +10,7 @@
 
 #include "qkv/nn/checkpoint.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 namespace {
 
@@ -128,4 +128,4 @@ CheckpointState restore_checkpoint(const std::string& folder, const nn::Safetens
   return state;
 }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -1,8 +1,8 @@
 #include <algorithm>
 
-#include "examples/tasks/tasks.hpp"
+#include "examples/cli/tasks/tasks.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 BracketsTask::BracketsTask(std::size_t min_len, std::size_t max_len, std::size_t max_depth)
     : min_len_(min_len), max_len_(max_len), max_depth_(max_depth) {
@@ -87,4 +87,4 @@ std::string BracketsTask::token_name(std::int64_t token) const {
   return token >= 0 && token <= pad ? names[token] : fmt::format("?{}", token);
 }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -1,4 +1,4 @@
-#include "examples/inspect.hpp"
+#include "examples/cli/inspect.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,11 +11,11 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
-#include "examples/heatmap.hpp"
-#include "examples/tasks/tasks.hpp"
+#include "examples/cli/heatmap.hpp"
+#include "examples/cli/tasks/tasks.hpp"
 #include "qkv/nn/safetensors.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 namespace {
 
@@ -427,4 +427,4 @@ std::vector<std::string> write_svgs(const Inspection& in, const std::string& dir
   return files;
 }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -1,4 +1,4 @@
-#include "examples/train.hpp"
+#include "examples/cli/train.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -16,7 +16,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/runtime.hpp"
-#include "examples/checkpoint.hpp"
+#include "examples/cli/checkpoint.hpp"
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/detail/json.hpp"
 #include "qkv/nn/files.hpp"
@@ -24,7 +24,7 @@
 #include "qkv/optim/adam.hpp"
 #include "qkv/optim/schedule.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 namespace fs = std::filesystem;
 
@@ -583,4 +583,4 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
   return result;
 }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -1,8 +1,8 @@
 #include <sstream>
 
-#include "examples/tasks/tasks.hpp"
+#include "examples/cli/tasks/tasks.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 InductionTask::InductionTask(std::size_t vocab, std::size_t min_block, std::size_t max_block)
     : vocab_(vocab), min_block_(min_block), max_block_(max_block) {
@@ -55,4 +55,4 @@ std::vector<std::int64_t> InductionTask::encode(const std::string& text) const {
 
 std::string InductionTask::token_name(std::int64_t token) const { return std::to_string(token); }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -6,7 +6,7 @@
 
 #include "qkv/core/tensor.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 struct Heatmap {
   Array<double> values;  // (rows, cols); a non-finite entry is masked and drawn empty
@@ -27,4 +27,4 @@ std::string escape_xml(const std::string& text);
 // An <svg> element: cells with a tooltip each, row and column labels, a title and a colour bar.
 std::string heatmap_svg(const Heatmap& map);
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

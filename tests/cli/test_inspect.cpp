@@ -5,15 +5,15 @@
 #include <nlohmann/json.hpp>
 #include <xtensor-blas/xlinalg.hpp>
 
-#include "examples/heatmap.hpp"
-#include "examples/inspect.hpp"
-#include "examples/tasks/tasks.hpp"
+#include "examples/cli/heatmap.hpp"
+#include "examples/cli/inspect.hpp"
+#include "examples/cli/tasks/tasks.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/optim/adam.hpp"
-#include "tests/examples/short_run.hpp"
+#include "tests/cli/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::examples;
+using namespace qkv::cli;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
 

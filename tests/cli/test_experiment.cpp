@@ -4,11 +4,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "examples/experiment.hpp"
-#include "tests/examples/short_run.hpp"
+#include "examples/cli/experiment.hpp"
+#include "tests/cli/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::examples;
+using namespace qkv::cli;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
 

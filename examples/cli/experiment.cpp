@@ -1,4 +1,4 @@
-#include "examples/experiment.hpp"
+#include "examples/cli/experiment.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,14 +11,14 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
-#include "examples/heatmap.hpp"
-#include "examples/inspect.hpp"
-#include "examples/tasks/tasks.hpp"
-#include "examples/train.hpp"
+#include "examples/cli/heatmap.hpp"
+#include "examples/cli/inspect.hpp"
+#include "examples/cli/tasks/tasks.hpp"
+#include "examples/cli/train.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/safetensors.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 namespace {
 
@@ -433,4 +433,4 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   return result;
 }
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

@@ -4,14 +4,14 @@
 #include <fstream>
 #include <sstream>
 
-#include "examples/train.hpp"
-#include "examples/checkpoint.hpp"
+#include "examples/cli/train.hpp"
+#include "examples/cli/checkpoint.hpp"
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/safetensors.hpp"
-#include "tests/examples/short_run.hpp"
+#include "tests/cli/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::examples;
+using namespace qkv::cli;
 using qkv::test::short_run;
 
 

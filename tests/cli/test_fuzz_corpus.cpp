@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "examples/checkpoint.hpp"
+#include "examples/cli/checkpoint.hpp"
 #include "fuzz/fixture.hpp"
 
 using namespace qkv;
@@ -26,13 +26,13 @@ std::string read(const std::filesystem::path& path) {
 std::string verdict(const fuzz::Fixture& run, const std::string& role, const std::string& bytes) {
   try {
     if (role == "config.json") {
-      examples::parse_config(bytes, "fuzz/config.json");
+      cli::parse_config(bytes, "fuzz/config.json");
     } else {
       const nn::Safetensors file = nn::parse_safetensors(bytes, "fuzz/" + role);
       const nn::Safetensors model = role == "model.safetensors" ? file : nn::parse_safetensors(run.model_file, "m");
       const nn::Safetensors optimizer =
           role == "optimizer.safetensors" ? file : nn::parse_safetensors(run.optimizer_file, "o");
-      examples::restore_checkpoint("fuzz", model, optimizer, *run.model, *run.optimizer, run.check);
+      cli::restore_checkpoint("fuzz", model, optimizer, *run.model, *run.optimizer, run.check);
     }
   } catch (const std::runtime_error& e) {
     return e.what();

@@ -3,10 +3,10 @@
 #include <map>
 #include <set>
 
-#include "examples/tasks/tasks.hpp"
+#include "examples/cli/tasks/tasks.hpp"
 
 using namespace qkv;
-using namespace qkv::examples;
+using namespace qkv::cli;
 using Catch::Matchers::Contains;
 using qkv::test::invalid_argument_message;
 

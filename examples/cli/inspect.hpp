@@ -12,10 +12,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "examples/model.hpp"
+#include "examples/cli/model.hpp"
 #include "qkv/nn/circuits.hpp"
 
-namespace qkv::examples {
+namespace qkv::cli {
 
 struct HeadInspection {
   std::size_t layer = 0, head = 0;
@@ -76,4 +76,4 @@ std::string to_html(const Inspection& inspection);
 // position-qk,qk-circuit}.svg. Returns the files written.
 std::vector<std::string> write_svgs(const Inspection& inspection, const std::string& dir);
 
-}  // namespace qkv::examples
+}  // namespace qkv::cli

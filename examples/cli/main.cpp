@@ -13,18 +13,18 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "examples/experiment.hpp"
-#include "examples/gradcheck_cases.hpp"
-#include "examples/inspect.hpp"
-#include "examples/tasks/tasks.hpp"
-#include "examples/train.hpp"
+#include "examples/cli/experiment.hpp"
+#include "examples/cli/gradcheck_cases.hpp"
+#include "examples/cli/inspect.hpp"
+#include "examples/cli/tasks/tasks.hpp"
+#include "examples/cli/train.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/version.hpp"
 
 namespace {
 
-using namespace qkv::examples;
+using namespace qkv::cli;
 
 template <class... Args>
 [[noreturn]] void usage(std::string_view option, fmt::format_string<Args...> text, Args&&... args) {
