@@ -33,9 +33,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   expect_success_or_runtime_error([&] {
     const nn::Safetensors file = nn::parse_safetensors(bytes, "fuzz/input.safetensors");
     expect_success_or_runtime_error(
-        [&] { cli::restore_checkpoint("fuzz", file, optimizer_file, *run.model, *run.optimizer, run.check); });
+        [&] { cli::restore_checkpoint(nn::parse_checkpoint("fuzz", file, optimizer_file), *run.model, *run.optimizer, run.check); });
     expect_success_or_runtime_error(
-        [&] { cli::restore_checkpoint("fuzz", model_file, file, *run.model, *run.optimizer, run.check); });
+        [&] { cli::restore_checkpoint(nn::parse_checkpoint("fuzz", model_file, file), *run.model, *run.optimizer, run.check); });
   });
   return 0;
 }

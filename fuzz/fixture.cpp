@@ -11,7 +11,7 @@ Fixture::Fixture() : options(cli::default_options("brackets")) {
   options.model.heads = 1;
   options.model.d_model = 4;
   Generator gen(options.seed);
-  model = std::make_unique<cli::Model>(options.model, gen);
+  model = std::make_unique<nn::Transformer>(options.model, gen);
   optimizer = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = options.lr});
   // One step on Σ‖p‖², whose gradients need no BLAS: the files are the same bytes on every machine.
   Tensor loss = scalar(0.0);

@@ -13,7 +13,7 @@ namespace qkv::fuzz {
 struct Fixture {
   Fixture();
   cli::TrainOptions options;
-  std::unique_ptr<cli::Model> model;
+  std::unique_ptr<nn::Transformer> model;
   std::unique_ptr<optim::Adam> optimizer;
   cli::CheckpointCheck check;  // what its checkpoint must hold: every parameter has a step's state
   // The valid files of the run.

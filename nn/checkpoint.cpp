@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <ostream>
 #include <stdexcept>
 #include <system_error>
 
@@ -207,6 +208,114 @@ void replace_folder(const std::string& dir, const std::string& replacement) {
   sync_folder(parent.empty() ? "." : parent.string());
   std::error_code ignored;
   fs::remove_all(old, ignored);  // the new run is in place: a leftover of the old one is no fault of it
+}
+
+namespace {
+
+std::size_t step_metadata(const Safetensors& f, const std::string& file) {
+  const auto it = f.metadata.find("step");
+  if (it == f.metadata.end()) throw std::runtime_error(fmt::format("{}: no 'step' in its metadata", file));
+  if (const auto step = parse_count(it->second)) return *step;
+  throw std::runtime_error(fmt::format("{}: step '{}' is not a number", file, it->second));
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, const Module& model, const StateDict& optimizer_state,
+                     const CheckpointInfo& info) {
+  std::map<std::string, std::string> metadata = info.metadata;
+  metadata["step"] = std::to_string(info.step);
+  commit_checkpoint(
+      dir, info.step,
+      {{"model.safetensors",
+        serialize_safetensors(model.state_dict(), {{"step", metadata["step"]}}, dir + "/model.safetensors")},
+       {"optimizer.safetensors", serialize_safetensors(optimizer_state, metadata, dir + "/optimizer.safetensors")}});
+}
+
+Checkpoint parse_checkpoint(const std::string& folder, Safetensors model, Safetensors optimizer) {
+  Checkpoint c{.folder = folder, .info = {}, .model = std::move(model), .optimizer = std::move(optimizer)};
+  c.info.step = step_metadata(c.model, folder + "/model.safetensors");
+  const std::size_t optimizer_step = step_metadata(c.optimizer, folder + "/optimizer.safetensors");
+  if (optimizer_step != c.info.step)
+    throw std::runtime_error(fmt::format("{}: the model is from step {} but the optimizer from step {}", folder,
+                                         c.info.step, optimizer_step));
+  c.info.metadata = c.optimizer.metadata;
+  c.info.metadata.erase("step");
+  return c;
+}
+
+Checkpoint read_checkpoint(const std::string& folder) {
+  Checkpoint c = parse_checkpoint(folder, load_safetensors(folder + "/model.safetensors"),
+                                  load_safetensors(folder + "/optimizer.safetensors"));
+  const auto named = checkpoint_step(folder);  // none for an older run's files directly in its folder
+  if (named && *named != c.info.step)
+    throw std::runtime_error(fmt::format("{}: its files are from step {}", folder, c.info.step));
+  return c;
+}
+
+namespace {
+
+void load_into(Module& model, const StateDict& tensors, const std::string& file) {
+  try {
+    model.load_state_dict(tensors);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}: does not fit the model: {}", file, e.what()));
+  }
+}
+
+std::string committed_folder(const std::string& dir) {
+  const auto folder = committed_checkpoint(dir);
+  if (!folder) throw std::runtime_error(fmt::format("{}: the run has no checkpoint yet", dir));
+  return *folder;
+}
+
+}  // namespace
+
+void load_weights(const Checkpoint& c, Module& model) {
+  load_into(model, c.model.tensors, c.folder + "/model.safetensors");
+}
+
+void load_weights(const std::string& dir, Module& model) {
+  const std::string file = committed_folder(dir) + "/model.safetensors";
+  load_into(model, load_safetensors(file).tensors, file);
+}
+
+Checkpoint load_checkpoint(const std::string& dir, Module& model) {
+  Checkpoint c = read_checkpoint(committed_folder(dir));
+  load_weights(c, model);
+  return c;
+}
+
+std::optional<Checkpoint> resume_checkpoint(const std::string& dir,
+                                            const std::function<void(const Checkpoint&)>& restore,
+                                            std::ostream& notes) {
+  // The committed checkpoint, then the older ones, newest first. Newer ones were never committed.
+  std::vector<std::string> candidates;
+  const auto committed = committed_checkpoint(dir);
+  if (committed) candidates.push_back(*committed);
+  const auto committed_step = committed ? checkpoint_step(*committed) : std::nullopt;
+  for (const auto& [step, folder] : checkpoint_folders(dir))
+    if (!committed || (committed_step && step < *committed_step)) candidates.push_back(folder);
+  std::vector<std::string> faults;
+  for (const std::string& folder : candidates) {
+    try {
+      Checkpoint c = read_checkpoint(folder);
+      restore(c);
+      if (!faults.empty()) {
+        notes << fmt::format("resuming from {} (step {}), the newest checkpoint that loads; passed over:\n", folder,
+                             c.info.step);
+        for (const std::string& fault : faults) notes << "  " << fault << "\n";
+        if (const auto step = checkpoint_step(folder)) recommit_checkpoint(dir, *step);
+      }
+      return c;
+    } catch (const std::runtime_error& e) {
+      faults.push_back(e.what());
+    }
+  }
+  if (faults.empty()) return std::nullopt;
+  std::string all;
+  for (const std::string& fault : faults) all += "\n  " + fault;
+  throw std::runtime_error(fmt::format("{}: no checkpoint loads:{}", dir, all));
 }
 
 }  // namespace qkv::nn

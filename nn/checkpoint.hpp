@@ -12,11 +12,17 @@
 // left half-written ends in .tmp and remove_partial_files clears it. The checkpoint before the
 // committed one is kept, so that a resume can fall back to it if the newest cannot be read.
 #include <cstddef>
+#include <functional>
+#include <iosfwd>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "qkv/nn/module.hpp"
+#include "qkv/nn/safetensors.hpp"
 
 namespace qkv::nn {
 
@@ -68,5 +74,53 @@ std::optional<std::size_t> checkpoint_step(const std::string& folder);
 // where the file system has no exchange, with the old folder put back if the second fails), then
 // removes what was at `dir`. For `--force`: the old run stays until the new one's first checkpoint.
 void replace_folder(const std::string& dir, const std::string& replacement);
+
+// Training checkpoints, on top of the folders above. Each checkpoint-STEP folder holds
+// model.safetensors (the model's state_dict) and optimizer.safetensors (an optimizer's
+// state_dict, e.g. optim::Adam's); both carry the step in their metadata, the optimizer's file
+// also the caller's metadata (a generator's state, say). The caller holds the folder's RunLock.
+//
+//   nn::RunLock lock(dir);
+//   nn::save_checkpoint(dir, model, adam.state_dict(), {.step = 1000});
+//   nn::Checkpoint c = nn::load_checkpoint(dir, model);   // the weights are in `model`
+//   adam.load_state_dict(c.optimizer.tensors);
+struct CheckpointInfo {
+  std::size_t step = 0;
+  std::map<std::string, std::string> metadata;  // "step" is the checkpoint's own
+};
+
+// Writes and commits DIR/checkpoint-STEP (commit_checkpoint).
+void save_checkpoint(const std::string& dir, const Module& model, const StateDict& optimizer_state,
+                     const CheckpointInfo& info);
+
+struct Checkpoint {
+  std::string folder;  // where it was read from
+  CheckpointInfo info;
+  Safetensors model, optimizer;
+};
+
+// The checkpoint of the two files of one folder, parsed: both must carry the same step. Throws
+// std::runtime_error naming the file and the fault.
+Checkpoint parse_checkpoint(const std::string& folder, Safetensors model, Safetensors optimizer);
+// Reads FOLDER/model.safetensors and FOLDER/optimizer.safetensors; a checkpoint-STEP folder must
+// hold the files of step STEP.
+Checkpoint read_checkpoint(const std::string& folder);
+// Reads DIR's committed checkpoint and loads its weights into `model` (a file whose names or
+// shapes do not fit the model throws std::runtime_error naming the file, with `model` unchanged).
+// The optimizer's state is the caller's to load.
+Checkpoint load_checkpoint(const std::string& dir, Module& model);
+// Loads a checkpoint's weights into `model`, as load_checkpoint does.
+void load_weights(const Checkpoint& checkpoint, Module& model);
+// Loads the committed checkpoint's model.safetensors alone into `model`, for inference (or a run
+// written before checkpoints had an optimizer's file).
+void load_weights(const std::string& dir, Module& model);
+
+// For a resume: calls `restore` on the committed checkpoint or, when it cannot be read or
+// `restore` throws std::runtime_error, on the newest older one for which it succeeds, which
+// becomes the committed one; each one passed over is reported on `notes`. None when the run has no
+// checkpoint; std::runtime_error, naming each checkpoint's fault, when none restores.
+std::optional<Checkpoint> resume_checkpoint(const std::string& dir,
+                                            const std::function<void(const Checkpoint&)>& restore,
+                                            std::ostream& notes);
 
 }  // namespace qkv::nn

@@ -102,14 +102,14 @@ std::vector<Config> plan(const ExperimentOptions& e) {
   return out;
 }
 
-std::string variant_of(const ModelConfig& c) {
+std::string variant_of(const nn::TransformerConfig& c) {
   if (c.proj == nn::Projection::identity) return "identity";
   if (c.proj == nn::Projection::frozen) return "frozen";
-  return c.qk == nn::QK::tied ? "tied" : "untied";
+  return nn::name_of(c.qk);
 }
 
 // σ of the head the task reads: head 0 of the last layer.
-double readout_sigma(const Model& m) { return nn::symmetric_share(nn::qk_circuit(m.blocks.back()->attn, 0)); }
+double readout_sigma(const nn::Transformer& m) { return nn::symmetric_share(nn::qk_circuit(m.blocks.back()->attn, 0)); }
 
 // Unpadded held-out sequences, one at a time.
 std::vector<std::vector<std::int64_t>> held_out_sequences(const Task& task, std::size_t n, std::uint64_t seed) {
@@ -122,7 +122,7 @@ std::vector<std::vector<std::int64_t>> held_out_sequences(const Task& task, std:
   return out;
 }
 
-double readout_score_asymmetry(const Model& m, const std::vector<std::vector<std::int64_t>>& inputs) {
+double readout_score_asymmetry(const nn::Transformer& m, const std::vector<std::vector<std::int64_t>>& inputs) {
   double total = 0;
   for (const auto& input : inputs) total += score_asymmetries(m, input).back()[0];
   return total / double(inputs.size());
@@ -142,7 +142,7 @@ double readout_score_asymmetry(const Model& m, const std::vector<std::vector<std
 struct Ranking {
   double mean, max;
 };
-Ranking beater_ranking(const Model& m, std::uint64_t seed) {
+Ranking beater_ranking(const nn::Transformer& m, std::uint64_t seed) {
   const RpsTask three(3, 3);
   Generator gen(seed ^ 0x3c7c1eULL);
   const Batch batch = three.sample(512, gen);
@@ -166,7 +166,7 @@ Ranking beater_ranking(const Model& m, std::uint64_t seed) {
 
 // At init: the mean entropy and the mean largest weight of every attention row, over all heads and
 // layers; and ‖∂loss/∂W_q‖ over all layers, on one training batch.
-Json init_attention_stats(Model& m, const Task& task, const std::vector<std::vector<std::int64_t>>& inputs,
+Json init_attention_stats(nn::Transformer& m, const Task& task, const std::vector<std::vector<std::int64_t>>& inputs,
                                     std::uint64_t seed) {
   double entropy = 0, top = 0;
   std::size_t rows = 0;
@@ -209,11 +209,11 @@ Json init_attention_stats(Model& m, const Task& task, const std::vector<std::vec
 }
 
 // Bytes the KV caches of all layers hold per token of one sequence, measured on a real cache.
-std::size_t kv_cache_bytes_per_token(const Model& m, const std::vector<std::int64_t>& input) {
+std::size_t kv_cache_bytes_per_token(const nn::Transformer& m, const std::vector<std::int64_t>& input) {
   NoGradGuard no_grad;
   IndexArray tokens = IndexArray::from_shape({1, input.size()});
   std::copy(input.begin(), input.end(), tokens.begin());
-  const Forward f = m.forward(tokens);
+  const nn::TransformerOutput f = m.forward(tokens);
   std::size_t bytes = 0;
   for (std::size_t l = 0; l < m.blocks.size(); ++l) {
     nn::KVCache cache;
@@ -388,7 +388,7 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
                             {"labels", config.labels}};
       {
         Generator gen(o.seed);  // the same init as train()'s
-        Model init(o.model, gen);
+        nn::Transformer init(o.model, gen);
         run["sigma_init"] = readout_sigma(init);
         if (e.name == "scale") run.update(init_attention_stats(init, *task, sequences, seed));
       }

@@ -4,6 +4,7 @@
 
 #include "qkv/core/ops.hpp"
 #include "qkv/nn/attention.hpp"
+#include "qkv/nn/transformer.hpp"
 
 namespace qkv::cli {
 
@@ -147,6 +148,39 @@ void add_module_cases(Catalogue& c) {
       return std::pair(with_parameters(in, *m), GradcheckFunction([m, cfg](const Inputs& x) {
         return m->forward(x[0], x[1], x[2], cfg.mask, cfg.weights).output;
       }));
+    });
+  }
+}
+
+// The whole Transformer, with respect to every parameter, through its loss: each readout, with
+// and without the MLP, tied, GQA and frozen embeddings.
+void add_transformer_cases(Catalogue& c) {
+  using namespace nn;
+  const auto config = [](auto edit) {
+    TransformerConfig t{.vocab_size = 5, .n_classes = 3, .max_len = 5, .layers = 2, .d_model = 8, .heads = 2,
+                        .dtype = DType::float64};
+    edit(t);
+    return t;
+  };
+  const std::vector<std::pair<std::string, TransformerConfig>> configs = {
+      {"token, causal", config([](auto&) {})},
+      {"token, causal, MLP", config([](auto& t) { t.mlp = true; })},
+      {"token, bidirectional, MLP, GQA", config([](auto& t) { t.mlp = true; t.causal = false; t.heads = 4; t.kv_heads = 2; })},
+      {"pointer, tied", config([](auto& t) { t.readout = Readout::pointer; t.n_classes = 0; t.qk = QK::tied; })},
+      {"token, frozen embeddings, MLP", config([](auto& t) { t.mlp = true; t.frozen_embeddings = true; })},
+  };
+  for (const auto& [name, cfg] : configs) {
+    c.add_setup("Transformer", "Transformer " + name, [cfg](Generator& g) {
+      auto m = std::make_shared<Transformer>(cfg, g);
+      const IndexArray tokens{{0, 3, 1, 4, 2}, {4, 4, 0, 1, 3}};
+      const IndexArray targets = cfg.readout == Readout::pointer ? IndexArray{{-100, 0, 1, 2, 3}, {-100, 1, -100, 0, 2}}
+                                                                 : IndexArray{{1, -100, 2, 0, 2}, {0, 2, 1, -100, 1}};
+      Inputs params;
+      for (const Tensor& p : m->parameters())
+        if (p.requires_grad()) params.push_back(p);
+      return std::pair(params, GradcheckFunction([m, tokens, targets](const Inputs&) {
+                         return m->loss(m->forward(tokens), targets);
+                       }));
     });
   }
 }
@@ -298,6 +332,7 @@ std::vector<GradcheckCase> build() {
         [](const Inputs& x) { return scaled_dot_product_attention(x[0], 4, 2, 3, 2, 0.6, true); });
 
   add_module_cases(c);
+  add_transformer_cases(c);
   return std::move(c.cases);
 }
 

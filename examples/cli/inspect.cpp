@@ -148,7 +148,7 @@ IndexArray one_row(const std::vector<std::int64_t>& input) {
   return tokens;
 }
 
-std::vector<std::vector<double>> score_asymmetries(const Model& model, const Forward& f) {
+std::vector<std::vector<double>> score_asymmetries(const nn::Transformer& model, const nn::TransformerOutput& f) {
   std::vector<std::vector<double>> out;
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
     const Tensor scores = model.blocks[l]->attn.forward(f.inputs[l], {}, true).scores;
@@ -160,13 +160,13 @@ std::vector<std::vector<double>> score_asymmetries(const Model& model, const For
 
 }  // namespace
 
-std::vector<std::vector<double>> score_asymmetries(const Model& model, const std::vector<std::int64_t>& input) {
+std::vector<std::vector<double>> score_asymmetries(const nn::Transformer& model, const std::vector<std::int64_t>& input) {
   NoGradGuard no_grad;
   return score_asymmetries(model, model.forward(one_row(input), false));
 }
 
-Inspection inspect(const Model& model, const Task& task, const std::vector<std::int64_t>& input, const std::string& dir) {
-  const ModelConfig& c = model.config();
+Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input, const std::string& dir) {
+  const nn::TransformerConfig& c = model.config();
   if (input.empty()) fail("inspect", "the input holds no tokens");
   if (input.size() > c.max_len)
     fail("inspect", "the input holds {} tokens, but the model has {} positions", input.size(), c.max_len);
@@ -182,7 +182,7 @@ Inspection inspect(const Model& model, const Task& task, const std::vector<std::
   r.input = input;
   for (std::int64_t t : input) r.input_names.push_back(task.token_name(t));
 
-  const Forward f = model.forward(one_row(input), true);
+  const nn::TransformerOutput f = model.forward(one_row(input), true);
   const std::vector<std::vector<double>> asymmetry = score_asymmetries(model, f);
   std::vector<std::int64_t> openers;
   if (r.task == "brackets") {
@@ -196,7 +196,7 @@ Inspection inspect(const Model& model, const Task& task, const std::vector<std::
   const Tensor tok = reshape(model.tok.weight, {1, -1, D}), pos = reshape(model.pos.weight, {1, -1, D});
 
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
-    const Block& b = *model.blocks[l];
+    const nn::TransformerBlock& b = *model.blocks[l];
     const nn::AttentionResult tokens_only = b.attn.forward(b.ln1(tok), {}, true);
     const nn::AttentionResult positions_only = b.attn.forward(b.ln1(pos), {}, true);
     std::vector<HeadInspection> heads;
@@ -241,7 +241,7 @@ Inspection inspect(const Model& model, const Task& task, const std::vector<std::
 }
 
 nlohmann::json to_json(const Inspection& in) {
-  const ModelConfig& c = in.config;
+  const nn::TransformerConfig& c = in.config;
   nlohmann::json layers = nlohmann::json::array(), attention = nlohmann::json::array(),
                  scores = nlohmann::json::array(), asymmetry = nlohmann::json::array(),
                  openers = nlohmann::json::array();
@@ -288,7 +288,7 @@ nlohmann::json to_json(const Inspection& in) {
           {"dir", in.dir},
           {"config", {{"layers", c.layers}, {"heads", in.layers.empty() ? 0 : in.layers[0].size()},
                       {"d_model", c.d_model}, {"d_head", in.layers.empty() ? 0 : in.layers[0][0].shapes[0][1]},
-                      {"causal", c.causal}, {"qk", c.qk == nn::QK::tied ? "tied" : "untied"},
+                      {"causal", c.causal}, {"qk", nn::name_of(c.qk)},
                       {"proj", c.proj == nn::Projection::learned ? "learned"
                                : c.proj == nn::Projection::frozen ? "frozen" : "identity"}}},
           {"layers", layers},
@@ -296,7 +296,7 @@ nlohmann::json to_json(const Inspection& in) {
 }
 
 void print_report(std::ostream& out, const Inspection& in, bool color) {
-  const ModelConfig& c = in.config;
+  const nn::TransformerConfig& c = in.config;
   const std::size_t d_head = in.layers[0][0].shapes[0][1];
   const auto bold = [&](const std::string& s) { return color ? "\x1b[1m" + s + "\x1b[0m" : s; };
   out << bold(fmt::format("qkv inspect {}: {}, {} layer{} × {} head{}, d_model {}, d_head {}, {}{}{}", in.dir, in.task,
@@ -348,7 +348,7 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
 }
 
 std::string to_html(const Inspection& in) {
-  const ModelConfig& c = in.config;
+  const nn::TransformerConfig& c = in.config;
   std::string text;
   for (std::size_t i = 0; i < in.input_names.size(); ++i) text += (i ? " " : "") + in.input_names[i];
   std::string s = R"(<!DOCTYPE html>

@@ -12,7 +12,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "examples/cli/model.hpp"
+#include "examples/cli/tasks/task.hpp"
+#include "qkv/nn/transformer.hpp"
 #include "qkv/nn/circuits.hpp"
 
 namespace qkv::cli {
@@ -42,7 +43,7 @@ struct HeadInspection {
 
 struct Inspection {
   std::string task, dir;
-  ModelConfig config;
+  nn::TransformerConfig config;
   std::vector<std::string> vocabulary;  // token names, by id
   std::vector<std::int64_t> input;      // token ids
   std::vector<std::string> input_names;
@@ -54,10 +55,10 @@ std::vector<std::int64_t> typical_input(const Task& task);
 
 // ‖S − Sᵀ‖ / ‖S‖ per layer and head of the pre-softmax scores S the model gives `input` (one
 // sequence, no padding), over all pairs of its tokens: the causal mask lifted.
-std::vector<std::vector<double>> score_asymmetries(const Model& model, const std::vector<std::int64_t>& input);
+std::vector<std::vector<double>> score_asymmetries(const nn::Transformer& model, const std::vector<std::int64_t>& input);
 
 // Everything `qkv inspect` shows, for `input` (token ids; at most the model's max_len).
-Inspection inspect(const Model& model, const Task& task, const std::vector<std::int64_t>& input,
+Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input,
                    const std::string& dir = "");
 
 // The numbers as JSON: {task, config, layers: [{heads: [{sigma, antisymmetry, singular_values,

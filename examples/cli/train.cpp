@@ -33,87 +33,12 @@ namespace {
 // Held-out sequences come from a generator no training batch uses.
 constexpr std::uint64_t held_out_stream = 0x9e3779b97f4a7c15ULL;
 
-const char* readout_name(Readout r) { return r == Readout::pointer ? "pointer" : "token"; }
-const char* qk_name(nn::QK qk) { return qk == nn::QK::tied ? "tied" : "untied"; }
-const char* proj_name(nn::Projection p) {
-  return p == nn::Projection::learned ? "learned" : p == nn::Projection::frozen ? "frozen" : "identity";
-}
-
 nlohmann::json config_json(const TrainOptions& o) {
-  const ModelConfig& m = o.model;
   return {{"task", o.task}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
           {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
           {"checkpoint_every", o.checkpoint_every}, {"threads", o.threads}, {"blas", o.blas},
-          {"model", {{"vocab_size", m.vocab_size}, {"n_classes", m.n_classes}, {"max_len", m.max_len},
-                     {"readout", readout_name(m.readout)}, {"causal", m.causal}, {"layers", m.layers},
-                     {"d_model", m.d_model}, {"heads", m.heads}, {"d_head", m.d_head}, {"kv_heads", m.kv_heads},
-                     {"qk", qk_name(m.qk)}, {"proj", proj_name(m.proj)}, {"scale", m.scale}, {"mlp", m.mlp},
-                     {"embeddings", m.frozen_embeddings ? "frozen" : "learned"}}}};
+          {"model", nlohmann::json::parse(nn::to_json(o.model))}};
 }
-
-// Reads config.json's fields, each by its type and range; a fault names the file and the field.
-class ConfigReader {
- public:
-  ConfigReader(const nlohmann::json& j, std::string file, std::string prefix = "")
-      : j_(j), file_(std::move(file)), prefix_(std::move(prefix)) {
-    if (!j_.is_object()) fail_at("", "is a {}, not an object", j_.type_name());
-  }
-
-  bool has(const char* key) const { return j_.contains(key); }
-  const nlohmann::json& at(const char* key) const {
-    const auto it = j_.find(key);
-    if (it == j_.end()) fail_at(key, "is missing");
-    return *it;
-  }
-  // A whole number in [lo, hi]: never a float, which a cast to an integer could not hold.
-  std::uint64_t count(const char* key, std::uint64_t lo, std::uint64_t hi) const {
-    const nlohmann::json& v = at(key);
-    if (v.is_number_unsigned()) {
-      const auto n = v.get<std::uint64_t>();
-      if (n >= lo && n <= hi) return n;
-      fail_at(key, "is {}, out of range [{}, {}]", n, lo, hi);
-    }
-    if (v.is_number_integer()) fail_at(key, "is {}, out of range [{}, {}]", v.get<std::int64_t>(), lo, hi);
-    if (v.is_number()) fail_at(key, "must be a whole number in [{}, {}], not {}", lo, hi, v.dump());
-    fail_at(key, "must be a whole number in [{}, {}], not a {}", lo, hi, v.type_name());
-  }
-  double number(const char* key) const {
-    const nlohmann::json& v = at(key);
-    if (!v.is_number()) fail_at(key, "must be a number, not a {}", v.type_name());
-    return v.get<double>();
-  }
-  bool flag(const char* key) const {
-    const nlohmann::json& v = at(key);
-    if (!v.is_boolean()) fail_at(key, "must be true or false, not a {}", v.type_name());
-    return v.get<bool>();
-  }
-  std::string choice(const char* key, const std::vector<std::string>& choices) const {
-    const nlohmann::json& v = at(key);
-    if (v.is_string() && std::find(choices.begin(), choices.end(), v.get<std::string>()) != choices.end()) return v;
-    if (v.is_string() && v.get_ref<const std::string&>().size() <= 40)
-      fail_at(key, "is '{}'; it must be one of {}", v.get<std::string>(), fmt::join(choices, ", "));
-    fail_at(key, "must be one of {}", fmt::join(choices, ", "));
-  }
-  std::string text(const char* key) const {
-    const nlohmann::json& v = at(key);
-    if (!v.is_string() || v.get_ref<const std::string&>().size() > 64) fail_at(key, "must be a short string");
-    return v;
-  }
-  // Refuses a field qkv does not write, which would otherwise be ignored.
-  void only(const nlohmann::json& written) const {
-    for (const auto& [key, value] : j_.items())
-      if (!written.contains(key)) fail_at(key, "is not a field of a run's config");
-  }
-
-  template <class... Args>
-  [[noreturn]] void fail_at(std::string_view key, fmt::format_string<Args...> text, Args&&... args) const {
-    throw std::runtime_error(fmt::format("{}: '{}{}' {}", file_, prefix_, key, fmt::format(text, std::forward<Args>(args)...)));
-  }
-
- private:
-  const nlohmann::json& j_;
-  std::string file_, prefix_;
-};
 
 template <class... Args>
 [[noreturn]] void out_of_range(std::string field, fmt::format_string<Args...> text, Args&&... args) {
@@ -135,16 +60,14 @@ std::string bytes_text(double bytes) {
 
 MemoryEstimate estimate_memory(const TrainOptions& o) {
   // In doubles: the sizes may be absurd, and the products must not wrap.
-  const ModelConfig& m = o.model;
+  const nn::TransformerConfig& m = o.model;
   const double D = double(m.d_model), L = double(m.layers), H = double(m.heads), T = double(m.max_len);
   const double Hkv = double(m.kv_heads ? m.kv_heads : m.heads);
   const double dh = m.d_head ? double(m.d_head) : D / std::max(H, 1.0), B = double(o.batch);
   const double qkv_width = (H + 2 * Hkv) * dh, mlp = m.mlp ? 1.0 : 0.0;
-  const double per_layer = D * qkv_width + qkv_width + H * dh * D + 3 * D + mlp * (8 * D * D + 7 * D);
-  const double params = double(m.vocab_size) * D + T * D + L * per_layer + 2 * D + (double(m.n_classes) + 1) * D;
   // Each parameter: its value, gradient and Adam's two moments, in float32.
   MemoryEstimate e;
-  e.model = 16 * params;
+  e.model = 16 * nn::parameter_count(m);
   // A step keeps, per layer, a few (B, T, D)-sized activations, the packed q/k/v, and the attention
   // weights (B, H, T, T, padded to 16 queries); backward allocates as much again for gradients.
   const double padded_T = std::ceil(T / 16) * 16;
@@ -171,36 +94,28 @@ void check_options(const TrainOptions& o) {
   if (!(o.clip > 0 && std::isfinite(o.clip))) out_of_range("clip", "is {}; it must be positive and finite", o.clip);
 
   const TaskInfo info = make_task(o.task)->info();
-  const ModelConfig& m = o.model;
+  const nn::TransformerConfig& m = o.model;
   if (m.vocab_size != info.vocab_size)
     out_of_range("model.vocab_size", "is {}, but the {} task has {} tokens", m.vocab_size, o.task, info.vocab_size);
   if (m.n_classes != info.n_classes)
     out_of_range("model.n_classes", "is {}, but the {} task has {} classes", m.n_classes, o.task, info.n_classes);
   if (m.readout != info.readout)
-    out_of_range("model.readout", "is {}, but the {} task reads out by {}", readout_name(m.readout), o.task,
-                 readout_name(info.readout));
+    out_of_range("model.readout", "is {}, but the {} task reads out by {}", nn::name_of(m.readout), o.task,
+                 nn::name_of(info.readout));
   check_range("model.max_len", m.max_len, info.max_len, max_width);
   check_range("model.layers", m.layers, 1, max_layers);
   check_range("model.d_model", m.d_model, 1, max_width);
   check_range("model.heads", m.heads, 1, max_width);
   check_range("model.d_head", m.d_head, 0, max_width);
-  check_range("model.kv_heads", m.kv_heads, 0, m.heads);
-  if (m.d_head == 0 && m.d_model % m.heads != 0)
-    out_of_range("model.heads", "{} does not divide d_model {} (or give d_head)", m.heads, m.d_model);
-  if (m.kv_heads != 0 && m.heads % m.kv_heads != 0)
-    out_of_range("model.kv_heads", "{} does not divide heads {}", m.kv_heads, m.heads);
-  const bool shared_kv = m.kv_heads != 0 && m.kv_heads != m.heads;
-  if (m.qk == nn::QK::tied && shared_kv)
-    out_of_range("model.kv_heads", "is {}: tied q and k need as many kv heads as heads ({})", m.kv_heads, m.heads);
-  if (m.proj == nn::Projection::identity && shared_kv)
-    out_of_range("model.kv_heads", "is {}: identity projections need as many kv heads as heads ({})", m.kv_heads, m.heads);
-  if (m.proj == nn::Projection::identity && m.d_head != 0 && m.d_head * m.heads != m.d_model)
-    out_of_range("model.d_head", "is {}: identity projections need d_head · heads = d_model ({} · {} ≠ {})", m.d_head,
-                 m.d_head, m.heads, m.d_model);
+  try {
+    nn::check(m);
+  } catch (const nn::ConfigError& e) {
+    throw OptionError("model." + e.field, e.what());
+  }
 }
 
 void check_memory(const TrainOptions& o, bool training) {
-  const ModelConfig& m = o.model;
+  const nn::TransformerConfig& m = o.model;
   MemoryEstimate need = estimate_memory(o);
   if (!training) {  // the weights alone, and a forward pass with no gradients
     need.model /= 4;
@@ -229,7 +144,7 @@ TrainOptions read_config(const std::string& dir) {
 
 TrainOptions parse_config(std::string_view text, const std::string& file) {
   const nlohmann::json j = nn::detail::parse_json(text, file, 2);  // {"model": {…}}
-  const ConfigReader r(j, file);
+  const nn::detail::FieldReader r(j, file);
   const std::string task = r.choice("task", task_names());
   TrainOptions o = default_options(task);
   o.seed = r.count("seed", 0, std::numeric_limits<std::uint64_t>::max());
@@ -244,27 +159,8 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   if (r.has("checkpoint_every")) o.checkpoint_every = r.count("checkpoint_every", 1, max_steps);
   if (r.has("threads")) o.threads = r.count("threads", 1, max_threads);
   if (r.has("blas")) o.blas = r.text("blas");
-  const ConfigReader m(r.at("model"), file, "model.");
-  ModelConfig& c = o.model;
-  c.vocab_size = m.count("vocab_size", 1, max_width);
-  c.n_classes = m.count("n_classes", 0, max_width);
-  c.max_len = m.count("max_len", 1, max_width);
-  c.readout = m.choice("readout", {"pointer", "token"}) == "pointer" ? Readout::pointer : Readout::token;
-  c.causal = m.flag("causal");
-  c.layers = m.count("layers", 1, max_layers);
-  c.d_model = m.count("d_model", 1, max_width);
-  c.heads = m.count("heads", 1, max_width);
-  c.d_head = m.count("d_head", 0, max_width);
-  c.kv_heads = m.count("kv_heads", 0, max_width);
-  c.qk = m.choice("qk", {"tied", "untied"}) == "tied" ? nn::QK::tied : nn::QK::untied;
-  const std::string proj = m.choice("proj", {"learned", "frozen", "identity"});
-  c.proj = proj == "frozen" ? nn::Projection::frozen : proj == "identity" ? nn::Projection::identity : nn::Projection::learned;
-  c.scale = m.flag("scale");
-  c.mlp = m.flag("mlp");
-  c.frozen_embeddings = m.choice("embeddings", {"learned", "frozen"}) == "frozen";
-  const nlohmann::json written = config_json(o);
-  r.only(written);
-  m.only(written["model"]);
+  o.model = nn::parse_transformer_config(r.at("model").dump(), file, "model.");
+  r.only(config_json(o));
   try {
     check_options(o);  // not the memory: a run trained elsewhere may still load here
   } catch (const OptionError& e) {
@@ -301,7 +197,7 @@ TrainOptions default_options(const std::string& task_name) {
   return o;
 }
 
-std::unique_ptr<Model> load_model(const std::string& dir) {
+std::unique_ptr<nn::Transformer> load_model(const std::string& dir) {
   const TrainOptions o = read_config(dir);
   try {
     check_memory(o, false);
@@ -309,20 +205,13 @@ std::unique_ptr<Model> load_model(const std::string& dir) {
     throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", dir, e.field, e.what()));
   }
   Generator gen(o.seed);
-  std::unique_ptr<Model> model;
+  std::unique_ptr<nn::Transformer> model;
   try {
-    model = std::make_unique<Model>(o.model, gen);
+    model = std::make_unique<nn::Transformer>(o.model, gen);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(fmt::format("{}/config.json: 'model' {}", dir, e.what()));
   }
-  const auto folder = nn::committed_checkpoint(dir);
-  if (!folder) throw std::runtime_error(fmt::format("{}: the run has no checkpoint yet", dir));
-  const std::string file = *folder + "/model.safetensors";
-  try {
-    model->load_state_dict(nn::load_safetensors(file).tensors);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{}: does not fit {}/config.json: {}", file, dir, e.what()));
-  }
+  nn::load_weights(dir, *model);
   return model;
 }
 
@@ -356,14 +245,14 @@ void truncate_metrics(const std::string& path, std::size_t step) {
   if (kept != text) nn::write_atomically(path, kept);  // what is left after the last '\n' was cut short
 }
 
-Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed) {
+Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed) {
   NoGradGuard no_grad;
   Generator gen(seed ^ held_out_stream);
   Metrics total;
   double correct = 0, exact = 0;
   for (std::size_t i = 0; i < batches; ++i) {
     const Batch b = task.sample(batch_size, gen);
-    const Metrics m = score(Model::predictions(model.forward(b.tokens).output), b);
+    const Metrics m = score(nn::Transformer::predictions(model.forward(b.tokens).logits), b);
     correct += m.accuracy * double(m.scored);
     exact += m.exact_match * double(m.sequences);
     total.scored += m.scored;
@@ -465,7 +354,7 @@ class RunFolder {
 // Which parameters a training step updates: those that get a gradient (so not the frozen ones, nor
 // one the readout never reads), found by one step's backward on a sequence from a generator of
 // its own.
-std::vector<bool> updated_parameters(const Model& model, const Task& task) {
+std::vector<bool> updated_parameters(const nn::Transformer& model, const Task& task) {
   Generator probe(1);
   const Batch b = task.sample(1, probe);
   const std::vector<Tensor> params = model.parameters();
@@ -500,13 +389,13 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
   check_memory(o, true);
   const auto task = make_task(o.task);
   Generator gen(o.seed);
-  std::optional<Model> built;
+  std::optional<nn::Transformer> built;
   try {
     built.emplace(o.model, gen);
   } catch (const std::invalid_argument& e) {
     throw OptionError("model", e.what());
   }
-  Model& model = *built;
+  nn::Transformer& model = *built;
   optim::Adam opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   // At most half the run warms up, so that even a 1-step run has a schedule.
   const std::size_t warmup = std::clamp<std::size_t>(o.warmup, 1, std::max<std::size_t>(1, o.steps / 2));
@@ -520,12 +409,12 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
   std::size_t first_step = 0;
   if (o.resume) {
     note_differences(options, progress);  // a resumed run's options are its config.json's
-    const auto saved =
-        resume_checkpoint(folder.path(), model, opt, {.max_step = o.steps, .updated = updated_parameters(model, *task)},
-                          progress);
-    if (saved) {
-      first_step = saved->step;
-      gen.set_state(saved->rng);
+    const CheckpointCheck check{.max_step = o.steps, .updated = updated_parameters(model, *task)};
+    CheckpointState state;
+    const auto restore = [&](const nn::Checkpoint& c) { state = restore_checkpoint(c, model, opt, check); };
+    if (nn::resume_checkpoint(folder.path(), restore, progress)) {
+      first_step = state.step;
+      gen.set_state(state.rng);
     } else {
       progress << fmt::format("qkv train: {} has no checkpoint yet; training from step 0\n", folder.path());
     }
@@ -545,13 +434,13 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
     const Batch b = task->sample(o.batch, gen);
     schedule.apply(opt, step);
     opt.zero_grad();
-    const Forward f = model.forward(b.tokens);
+    const nn::TransformerOutput f = model.forward(b.tokens);
     const Tensor loss = model.loss(f, b.targets);
     loss.backward();
     optim::clip_grad_norm(model.parameters(), o.clip);
     opt.step();
     running_loss += loss.item();
-    running_acc += score(Model::predictions(f.output), b).accuracy;
+    running_acc += score(nn::Transformer::predictions(f.logits), b).accuracy;
     ++since_log;
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
       const double seconds = elapsed(), rate = double(step + 1 - first_step) / seconds;

@@ -9,7 +9,8 @@
 #include <string>
 #include <string_view>
 
-#include "examples/cli/model.hpp"
+#include "examples/cli/tasks/task.hpp"
+#include "qkv/nn/transformer.hpp"
 
 namespace qkv::cli {
 
@@ -38,13 +39,14 @@ struct TrainOptions {
   // first step where it reaches `target` is TrainResult::steps_to_target.
   double target = 0;
   std::size_t target_every = 0, target_batches = 4;
-  ModelConfig model;
+  nn::TransformerConfig model;
 };
 
 // The largest values train accepts. Memory is checked apart (check_memory), and refuses most runs
 // long before these.
-inline constexpr std::size_t max_steps = 1'000'000'000, max_batch = 1'000'000, max_layers = 10'000,
-                             max_width = 1'000'000, max_threads = 1024;
+inline constexpr std::size_t max_steps = 1'000'000'000, max_batch = 1'000'000,
+                             max_layers = nn::TransformerConfig::max_layers, max_width = nn::TransformerConfig::max_width,
+                             max_threads = 1024;
 
 // A value out of range: `field` is config.json's name for it ("batch", "model.d_model").
 struct OptionError : std::invalid_argument {
@@ -99,7 +101,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
 
 // The model of a run folder: rebuilt from config.json, with the weights of its committed
 // checkpoint's model.safetensors. Throws std::runtime_error naming the file at fault.
-std::unique_ptr<Model> load_model(const std::string& dir);
+std::unique_ptr<nn::Transformer> load_model(const std::string& dir);
 
 // Appends one JSON object a line to a run's metrics.jsonl, flushed at once; a failed write throws
 // std::runtime_error naming the file (a full disk fails the run, rather than losing its log).
@@ -119,6 +121,6 @@ class MetricsLog {
 void truncate_metrics(const std::string& path, std::size_t step);
 
 // Accuracy of `model` on `batches` fresh batches drawn from `seed`.
-Metrics evaluate(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed);
+Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed);
 
 }  // namespace qkv::cli

@@ -32,7 +32,7 @@ std::string verdict(const fuzz::Fixture& run, const std::string& role, const std
       const nn::Safetensors model = role == "model.safetensors" ? file : nn::parse_safetensors(run.model_file, "m");
       const nn::Safetensors optimizer =
           role == "optimizer.safetensors" ? file : nn::parse_safetensors(run.optimizer_file, "o");
-      cli::restore_checkpoint("fuzz", model, optimizer, *run.model, *run.optimizer, run.check);
+      cli::restore_checkpoint(nn::parse_checkpoint("fuzz", model, optimizer), *run.model, *run.optimizer, run.check);
     }
   } catch (const std::runtime_error& e) {
     return e.what();

@@ -41,7 +41,7 @@ TEST_CASE("inspect: circuits of a model loaded from its checkpoint equal the in-
   // An in-memory model a few Adam steps from its init, written as a run folder and loaded back.
   TrainOptions o = short_run("brackets", "inspect");
   Generator gen(o.seed);
-  Model model(o.model, gen);
+  nn::Transformer model(o.model, gen);
   const Array<double> init = nn::qk_circuit(model.blocks[1]->attn, 0);
   optim::Adam opt(model.parameters(), {.lr = 1e-2});
   const BracketsTask task;
@@ -74,7 +74,7 @@ TEST_CASE("inspect: token QK table, attention, score asymmetry and opener weight
   Generator gen(3);
   const BracketsTask task;
   const TrainOptions o = default_options("brackets");
-  const Model model(o.model, gen);
+  const nn::Transformer model(o.model, gen);
   const std::vector<std::int64_t> input = task.encode("(()[])");  // BOS ( ( ) [ ] )
   const Inspection in = inspect(model, task, input, "mem");
   REQUIRE(in.layers.size() == 2);
@@ -83,7 +83,7 @@ TEST_CASE("inspect: token QK table, attention, score asymmetry and opener weight
   CHECK(in.vocabulary == std::vector<std::string>{"BOS", "(", ")", "[", "]", "pad"});
 
   // Token table of layer 0, head 1: (LN(E) W_qᵀ + b_q)(LN(E) W_kᵀ + b_k)ᵀ / √d_head, by hand.
-  const Block& block = *model.blocks[0];
+  const nn::TransformerBlock& block = *model.blocks[0];
   const std::size_t d_head = 8, h = 1;
   const Array<double> x = layer_norm_rows(f64_of(model.tok.weight), f64_of(block.ln1.weight), f64_of(block.ln1.bias),
                                           block.ln1.eps);
@@ -129,7 +129,7 @@ TEST_CASE("inspect: a bidirectional model's score asymmetry is that of its own s
     TrainOptions o = default_options("rps");
     o.model.qk = qk;
     Generator gen(5);
-    const Model model(o.model, gen);
+    const nn::Transformer model(o.model, gen);
     const Inspection in = inspect(model, task, input);
     const HeadInspection& h = in.layers[0][0];
     CHECK(h.score_asymmetry == Approx(nn::antisymmetry(h.scores)).epsilon(1e-12));
@@ -148,7 +148,7 @@ TEST_CASE("inspect --json parses and has the keys of the issue") {
   Generator gen(4);
   const InductionTask task;
   TrainOptions o = default_options("induction");
-  const Model model(o.model, gen);
+  const nn::Transformer model(o.model, gen);
   const auto input = task.encode("3 1 4 1");
   const Inspection in = inspect(model, task, input, "runs/x");
   const nlohmann::json j = nlohmann::json::parse(to_json(in).dump());
@@ -178,7 +178,7 @@ TEST_CASE("inspect --json parses and has the keys of the issue") {
 TEST_CASE("inspect: the report, the page and the SVG files") {
   Generator gen(6);
   const BracketsTask task;
-  const Model model(default_options("brackets").model, gen);
+  const nn::Transformer model(default_options("brackets").model, gen);
   const Inspection in = inspect(model, task, task.encode("([])"), "runs/b");
   std::ostringstream plain, coloured;
   print_report(plain, in, false);
@@ -218,7 +218,7 @@ TEST_CASE("heatmaps: shades by magnitude, signs, masked cells, and SVG cells wit
 TEST_CASE("inspect rejects an input longer than the model's positions, or outside its vocabulary") {
   Generator gen(7);
   const BracketsTask task;
-  const Model model(default_options("brackets").model, gen);
+  const nn::Transformer model(default_options("brackets").model, gen);
   CHECK_THAT(invalid_argument_message([&] { inspect(model, task, std::vector<std::int64_t>(26, 1)); }),
              Contains("inspect: the input holds 26 tokens, but the model has 25 positions"));
   CHECK_THAT(invalid_argument_message([&] { inspect(model, task, {0, 9}); }),

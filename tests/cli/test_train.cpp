@@ -60,7 +60,7 @@ TEST_CASE("training writes its config, one metrics line per log step, and the mo
   CHECK(back.task == "brackets");
   CHECK(back.steps == 30);
   CHECK(back.lr == o.lr);
-  CHECK(back.model.readout == Readout::pointer);
+  CHECK(back.model.readout == nn::Readout::pointer);
 }
 
 TEST_CASE("a one-step run trains and evaluates") {
@@ -165,7 +165,7 @@ TEST_CASE("frozen embeddings keep the embeddings and LayerNorms at init, and tra
   o.model.frozen_embeddings = true;
   train(o, quiet, false);
   Generator gen(o.seed);
-  const Model init(o.model, gen);
+  const nn::Transformer init(o.model, gen);
   const auto trained = load_model(o.out);
   CHECK(read_config(o.out).model.frozen_embeddings);
   const StateDict after = trained->named_parameters();
@@ -270,7 +270,7 @@ TEST_CASE("check_options names the field at fault, and estimate_memory grows wit
   // Each parameter takes 16 bytes (value, gradient, two Adam moments): the estimate counts them all,
   // and not many more.
   Generator gen(0);
-  const Model model(o.model, gen);
+  const nn::Transformer model(o.model, gen);
   double params = 0;
   for (const Tensor& p : model.parameters()) params += double(p.numel());
   CHECK(small.model >= 16 * params);
@@ -286,7 +286,7 @@ TEST_CASE("with the MLP, each block has a LayerNorm and two layers after its att
   CHECK(std::isfinite(*r.loss));
   CHECK(read_config(o.out).model.mlp);
   Generator gen(o.seed);
-  const Model init(o.model, gen);
+  const nn::Transformer init(o.model, gen);
   const auto trained = load_model(o.out);
   const StateDict before = init.named_parameters(), after = trained->named_parameters();
   std::vector<std::string> mlp_names;

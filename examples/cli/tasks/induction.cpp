@@ -11,7 +11,7 @@ InductionTask::InductionTask(std::size_t vocab, std::size_t min_block, std::size
   info_ = {.name = "induction",
            .description = fmt::format("a block of {}-{} distinct tokens of {} repeated twice: predict the second copy",
                                       min_block, max_block, vocab),
-           .vocab_size = vocab, .n_classes = vocab, .max_len = 2 * max_block, .readout = Readout::token, .causal = true};
+           .vocab_size = vocab, .n_classes = vocab, .max_len = 2 * max_block, .readout = nn::Readout::token, .causal = true};
 }
 
 Batch InductionTask::sample(std::size_t batch_size, Generator& gen) const {

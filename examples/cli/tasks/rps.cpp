@@ -18,7 +18,7 @@ RpsTask::RpsTask(std::size_t min_len, std::size_t max_len) : min_len_(min_len), 
            .description = fmt::format("cyclic retrieval, lengths {}-{}: fetch the payload of the symbol that beats yours",
                                       min_len, max_len),
            .vocab_size = std::size_t(3 * n_payloads), .n_classes = std::size_t(n_payloads), .max_len = max_len,
-           .readout = Readout::token, .causal = false};
+           .readout = nn::Readout::token, .causal = false};
 }
 
 Batch RpsTask::sample(std::size_t batch_size, Generator& gen) const {

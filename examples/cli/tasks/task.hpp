@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "qkv/core/random.hpp"
+#include "qkv/nn/transformer.hpp"
 
 namespace qkv::cli {
 
@@ -21,7 +22,7 @@ struct Batch {
   IndexArray targets;  // (B, T), ignore_target where nothing is scored
 };
 
-enum class Readout { pointer, token };
+using nn::Readout;
 
 struct TaskInfo {
   std::string name;
@@ -29,7 +30,7 @@ struct TaskInfo {
   std::size_t vocab_size = 0;  // token ids are 0 … vocab_size − 1
   std::size_t n_classes = 0;   // of token targets (0 for pointer tasks)
   std::size_t max_len = 0;     // longest sequence, in tokens
-  Readout readout = Readout::token;
+  Readout readout = nn::Readout::token;
   bool causal = true;
 };
 

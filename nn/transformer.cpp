@@ -1,0 +1,242 @@
+#include "qkv/nn/transformer.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "qkv/core/ops.hpp"
+#include "qkv/nn/checkpoint.hpp"
+#include "qkv/nn/detail/json.hpp"
+#include "qkv/nn/files.hpp"
+#include "qkv/nn/safetensors.hpp"
+
+namespace qkv::nn {
+
+namespace {
+
+template <class... Args>
+[[noreturn]] void config_error(std::string field, fmt::format_string<Args...> text, Args&&... args) {
+  throw ConfigError(std::move(field), fmt::format(text, std::forward<Args>(args)...));
+}
+
+MultiHeadAttentionOptions attention_options(const TransformerConfig& c) {
+  MultiHeadAttentionOptions o;
+  o.d_model = c.d_model;
+  o.n_heads = c.heads;
+  o.n_kv_heads = c.kv_heads;
+  o.d_head = c.d_head;
+  o.qk = c.qk;
+  o.proj = c.proj;
+  o.dtype = c.dtype;
+  if (!c.scale) o.scale = 1.0;
+  return o;
+}
+
+const TransformerConfig& checked(const TransformerConfig& c) {
+  check(c);
+  return c;
+}
+
+template <class E>
+E parse_enum(const detail::FieldReader& r, const char* key, std::initializer_list<E> values) {
+  std::vector<std::string> names;
+  for (E e : values) names.push_back(name_of(e));
+  const std::string name = r.choice(key, names);
+  return *(values.begin() + (std::find(names.begin(), names.end(), name) - names.begin()));
+}
+
+nlohmann::json config_object(const TransformerConfig& c) {
+  return {{"vocab_size", c.vocab_size}, {"n_classes", c.n_classes}, {"max_len", c.max_len},
+          {"readout", name_of(c.readout)}, {"causal", c.causal}, {"layers", c.layers}, {"d_model", c.d_model},
+          {"heads", c.heads}, {"d_head", c.d_head}, {"kv_heads", c.kv_heads}, {"qk", name_of(c.qk)},
+          {"proj", name_of(c.proj)}, {"scale", c.scale}, {"mlp", c.mlp},
+          {"embeddings", c.frozen_embeddings ? "frozen" : "learned"}};
+}
+
+}  // namespace
+
+ConfigError::ConfigError(std::string field_, const std::string& message)
+    : std::invalid_argument(message), field(std::move(field_)) {}
+
+const char* name_of(Readout r) { return r == Readout::pointer ? "pointer" : "token"; }
+const char* name_of(QK qk) { return qk == QK::tied ? "tied" : "untied"; }
+const char* name_of(Projection p) {
+  return p == Projection::learned ? "learned" : p == Projection::frozen ? "frozen" : "identity";
+}
+
+void check(const TransformerConfig& c) {
+  if (c.vocab_size == 0) config_error("vocab_size", "is 0: the model needs at least one token");
+  if (c.max_len == 0) config_error("max_len", "is 0: the model needs at least one position");
+  if (c.readout == Readout::token && c.n_classes == 0) config_error("n_classes", "is 0: the token readout needs classes");
+  if (c.readout == Readout::pointer && c.n_classes != 0)
+    config_error("n_classes", "is {}: the pointer readout points at positions and has no classes", c.n_classes);
+  if (c.layers == 0) config_error("layers", "is 0: the model needs at least one layer");
+  if (c.d_model == 0) config_error("d_model", "is 0");
+  if (c.heads == 0) config_error("heads", "is 0");
+  if (c.kv_heads > c.heads) config_error("kv_heads", "is {}, more than heads ({})", c.kv_heads, c.heads);
+  if (c.d_head == 0 && c.d_model % c.heads != 0)
+    config_error("heads", "{} does not divide d_model {} (or give d_head)", c.heads, c.d_model);
+  if (c.kv_heads != 0 && c.heads % c.kv_heads != 0)
+    config_error("kv_heads", "{} does not divide heads {}", c.kv_heads, c.heads);
+  const bool shared_kv = c.kv_heads != 0 && c.kv_heads != c.heads;
+  if (c.qk == QK::tied && shared_kv)
+    config_error("kv_heads", "is {}: tied q and k need as many kv heads as heads ({})", c.kv_heads, c.heads);
+  if (c.proj == Projection::identity && shared_kv)
+    config_error("kv_heads", "is {}: identity projections need as many kv heads as heads ({})", c.kv_heads, c.heads);
+  if (c.proj == Projection::identity && c.d_head != 0 && c.d_head * c.heads != c.d_model)
+    config_error("d_head", "is {}: identity projections need d_head · heads = d_model ({} · {} ≠ {})", c.d_head,
+                 c.d_head, c.heads, c.d_model);
+}
+
+double parameter_count(const TransformerConfig& c) {
+  const double D = double(c.d_model), H = double(c.heads), Hkv = double(c.kv_heads ? c.kv_heads : c.heads);
+  const double dh = c.d_head ? double(c.d_head) : D / H;
+  // q, k and v: each a (heads · d_head, D) weight and its bias; tied k is q; identity has none.
+  const double qkv_heads = c.proj == Projection::identity ? 0 : c.qk == QK::tied ? H + Hkv : H + 2 * Hkv;
+  const double attention = qkv_heads * dh * (D + 1) + H * dh * D + D;
+  const double mlp = c.mlp ? 2 * D + 4 * D * (D + 1) + D * (4 * D + 1) : 0;
+  const double head = c.readout == Readout::token ? double(c.n_classes) * (D + 1) : 0;
+  return double(c.vocab_size + c.max_len) * D + double(c.layers) * (2 * D + attention + mlp) + 2 * D + head;
+}
+
+std::string to_json(const TransformerConfig& c) { return config_object(c).dump(); }
+
+TransformerConfig parse_transformer_config(std::string_view json, const std::string& file, const std::string& prefix) {
+  const nlohmann::json j = detail::parse_json(json, file, 1);
+  const detail::FieldReader m(j, file, prefix);
+  constexpr std::uint64_t most = TransformerConfig::max_width;
+  TransformerConfig c;
+  c.vocab_size = m.count("vocab_size", 1, most);
+  c.n_classes = m.count("n_classes", 0, most);
+  c.max_len = m.count("max_len", 1, most);
+  c.readout = parse_enum(m, "readout", {Readout::token, Readout::pointer});
+  c.causal = m.flag("causal");
+  c.layers = m.count("layers", 1, TransformerConfig::max_layers);
+  c.d_model = m.count("d_model", 1, most);
+  c.heads = m.count("heads", 1, most);
+  c.d_head = m.count("d_head", 0, most);
+  c.kv_heads = m.count("kv_heads", 0, most);
+  c.qk = parse_enum(m, "qk", {QK::untied, QK::tied});
+  c.proj = parse_enum(m, "proj", {Projection::learned, Projection::frozen, Projection::identity});
+  c.scale = m.flag("scale");
+  c.mlp = m.flag("mlp");
+  c.frozen_embeddings = m.choice("embeddings", {"learned", "frozen"}) == "frozen";
+  m.only(config_object(c));
+  try {
+    check(c);
+  } catch (const ConfigError& e) {
+    m.fail_at(e.field, "{}", e.what());
+  }
+  return c;
+}
+
+TransformerBlock::TransformerBlock(const TransformerConfig& c, Generator& gen)
+    : ln1(c.d_model, 1e-5, true, c.dtype), attn(attention_options(c), gen) {
+  register_module("ln1", ln1);
+  register_module("attn", attn);
+  if (c.mlp) {
+    ln2 = std::make_unique<LayerNorm>(c.d_model, 1e-5, true, c.dtype);
+    fc = std::make_unique<Linear>(c.d_model, 4 * c.d_model, true, c.dtype, gen);
+    proj = std::make_unique<Linear>(4 * c.d_model, c.d_model, true, c.dtype, gen);
+    register_module("ln2", *ln2);
+    register_module("fc", *fc);
+    register_module("proj", *proj);
+  }
+}
+
+Transformer::Transformer(const TransformerConfig& c, Generator& gen)
+    : tok(checked(c).vocab_size, c.d_model, c.dtype, gen), pos(c.max_len, c.d_model, c.dtype, gen),
+      ln_f(c.d_model, 1e-5, true, c.dtype), config_(c) {
+  register_module("tok", tok);
+  register_module("pos", pos);
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    blocks.push_back(std::make_unique<TransformerBlock>(c, gen));
+    register_module("layers." + std::to_string(l), *blocks.back());
+  }
+  register_module("ln_f", ln_f);
+  if (c.readout == Readout::token) {
+    head = std::make_unique<Linear>(c.d_model, c.n_classes, true, c.dtype, gen);
+    register_module("head", *head);
+  }
+  if (c.frozen_embeddings) {
+    std::vector<Module*> frozen{&tok, &pos, &ln_f};
+    for (const auto& b : blocks) {
+      frozen.push_back(&b->ln1);
+      if (b->ln2) frozen.push_back(b->ln2.get());
+    }
+    for (Module* m : frozen)
+      for (Tensor& t : m->parameters()) t.requires_grad_(false);
+  }
+}
+
+TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weights) const {
+  if (tokens.dimension() != 2)
+    fail("Transformer", "tokens of shape {}: expected (batch, positions)", to_string(to_shape(tokens.shape())));
+  TransformerOutput f;
+  Tensor x = pos(tok(tokens));  // (B, T, D)
+  const AttentionMask mask{.causal = config_.causal};
+  const bool pointer = config_.readout == Readout::pointer;
+  for (std::size_t l = 0; l < blocks.size(); ++l) {
+    const TransformerBlock& b = *blocks[l];
+    f.inputs.push_back(b.ln1(x));
+    AttentionResult r = b.attn.forward(f.inputs.back(), mask, need_weights || (pointer && l + 1 == blocks.size()));
+    x = x + r.output;
+    if (b.fc) x = x + (*b.proj)(gelu((*b.fc)((*b.ln2)(x))));
+    f.attention.push_back(std::move(r));
+  }
+  if (pointer) {
+    const Tensor& s = f.attention.back().scores;  // (B, H, T, T)
+    f.logits = reshape(slice(s, 1, 0, 1), {std::int64_t(s.size(0)), std::int64_t(s.size(2)), std::int64_t(s.size(3))});
+  } else {
+    f.logits = (*head)(ln_f(x));
+  }
+  return f;
+}
+
+Tensor Transformer::loss(const TransformerOutput& f, const IndexArray& targets, std::int64_t ignore_index) const {
+  const std::int64_t classes = std::int64_t(f.logits.size(-1));
+  const IndexArray flat = xt::reshape_view(targets, Shape{targets.size()});
+  return cross_entropy(reshape(f.logits, {-1, classes}), flat, ignore_index);
+}
+
+IndexArray Transformer::predictions(const Tensor& logits) {
+  if (logits.dim() != 3) fail("predictions", "logits of shape {}: expected (B, T, C)", to_string(logits.shape()));
+  const auto argmax_rows = [](const auto& v) {
+    const std::size_t B = v.shape()[0], T = v.shape()[1], C = v.shape()[2];
+    IndexArray out = IndexArray::from_shape({B, T});
+    for (std::size_t i = 0; i < B * T; ++i) {
+      const auto* row = v.data() + i * C;
+      out.data()[i] = std::int64_t(std::max_element(row, row + C) - row);
+    }
+    return out;
+  };
+  return logits.dtype() == DType::float32 ? argmax_rows(logits.value<float>()) : argmax_rows(logits.value<double>());
+}
+
+void save_config(const std::string& dir, const TransformerConfig& config) {
+  const nlohmann::json j = {{"model", config_object(config)}};
+  write_atomically(dir + "/config.json", j.dump(2) + "\n");
+}
+
+TransformerConfig load_config(const std::string& dir) {
+  const std::string file = dir + "/config.json";
+  const nlohmann::json j = detail::parse_json(read_file(file, 1 << 20), file, 2);
+  const detail::FieldReader r(j, file);
+  return parse_transformer_config(r.at("model").dump(), file, "model.");
+}
+
+std::unique_ptr<Transformer> load_transformer(const std::string& dir) {
+  const TransformerConfig config = load_config(dir);
+  const double bytes = 4 * parameter_count(config), available = available_memory();
+  if (bytes > available)
+    throw std::runtime_error(fmt::format("{}/config.json: the model needs {:.0f} MiB for its weights, more than the {:.0f} "
+                                         "MiB this machine has available",
+                                         dir, bytes / (1 << 20), available / (1 << 20)));
+  Generator gen(0);
+  auto model = std::make_unique<Transformer>(config, gen);
+  load_weights(dir, *model);
+  return model;
+}
+
+}  // namespace qkv::nn

@@ -1,0 +1,134 @@
+#pragma once
+// A small decoder-style transformer, the model `qkv train` trains:
+//
+//   tokens (B, T) → embedding + learned positions → L blocks → readout
+//   block:  x = x + attn(ln1(x))            (pre-LayerNorm, residual)
+//           x = x + proj(gelu(fc(ln2(x))))  (with the MLP: d_model → 4·d_model → d_model)
+//
+// Two readouts: `token` (ln_f, then a Linear head to n_classes logits at every position) and
+// `pointer` (the last layer's head-0 attention scores before softmax: a distribution over key
+// positions, for tasks whose answer is a position, as a closing bracket's opener).
+//
+//   nn::TransformerConfig config{.vocab_size = 6, .n_classes = 6, .max_len = 16};
+//   nn::Transformer model(config, gen);
+//   auto out = model.forward(tokens);           // out.logits (B, T, n_classes)
+//   Tensor loss = model.loss(out, targets);     // cross-entropy, -100 ignored
+//
+// Parameter names (its state_dict): tok.weight, pos.weight, layers.L.ln1.{weight,bias},
+// layers.L.attn.{q,k,v,out}_proj.{weight,bias}, layers.L.{ln2,fc,proj}.* with the MLP,
+// ln_f.{weight,bias}, head.{weight,bias} for the token readout.
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qkv/core/random.hpp"
+#include "qkv/nn/attention.hpp"
+
+namespace qkv::nn {
+
+enum class Readout { token, pointer };
+
+struct TransformerConfig {
+  // The largest sizes a config.json may give (memory refuses most such models long before).
+  static constexpr std::size_t max_width = 1'000'000, max_layers = 10'000;
+
+  std::size_t vocab_size = 0;  // token ids 0 … vocab_size − 1
+  std::size_t n_classes = 0;   // of the token readout's logits; 0 for the pointer readout
+  std::size_t max_len = 0;     // positions
+  Readout readout = Readout::token;
+  bool causal = true;          // every layer's attention; false: bidirectional
+  std::size_t layers = 2, d_model = 16, heads = 2;
+  std::size_t d_head = 0;      // 0: d_model / heads
+  std::size_t kv_heads = 0;    // 0: heads (GQA/MQA below)
+  QK qk = QK::untied;
+  Projection proj = Projection::learned;
+  bool scale = true;           // scores scaled by 1/√d_head; false: not scaled
+  bool mlp = false;            // an MLP after each attention
+  // Token and position embeddings and every LayerNorm stay at their init: only the attention
+  // projections, the MLPs and the head train.
+  bool frozen_embeddings = false;
+  DType dtype = DType::float32;  // of the parameters when built (not saved: a checkpoint records it per tensor)
+};
+
+// A config that cannot build a model: `field` names the config field at fault ("heads").
+struct ConfigError : std::invalid_argument {
+  ConfigError(std::string field, const std::string& message);
+  std::string field;
+};
+
+// Throws ConfigError for a config that cannot build a model: a size of 0, heads that do not divide
+// d_model (without d_head), kv_heads that do not divide heads, n_classes 0 with the token readout
+// (or not 0 with the pointer one), tied or identity projections with shared kv heads, identity
+// projections whose heads do not tile d_model.
+void check(const TransformerConfig& config);
+
+// The number of parameter elements a model of this config has (a double: absurd configs must
+// not wrap), so that memory can be checked before anything is allocated.
+double parameter_count(const TransformerConfig& config);
+
+// The config as a JSON object (the "model" field of a run's config.json), and back. The reader
+// checks every field's type and range and refuses unknown ones: std::runtime_error naming `file`
+// and the field, prefixed by `prefix` ("model.").
+std::string to_json(const TransformerConfig& config);
+TransformerConfig parse_transformer_config(std::string_view json, const std::string& file,
+                                           const std::string& prefix = "");
+
+// Names as config.json writes them.
+const char* name_of(Readout readout);
+const char* name_of(QK qk);
+const char* name_of(Projection proj);
+
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const TransformerConfig& config, Generator& gen);
+  LayerNorm ln1;
+  MultiHeadAttention attn;
+  std::unique_ptr<LayerNorm> ln2;  // with the MLP
+  std::unique_ptr<Linear> fc, proj;
+};
+
+struct TransformerOutput {
+  Tensor logits;                           // (B, T, n_classes), or (B, T, T) head-0 scores (pointer)
+  std::vector<AttentionResult> attention;  // per layer; weights and scores with need_weights
+  std::vector<Tensor> inputs;              // per layer: what its attention read, ln1(x)
+};
+
+class Transformer : public Module {
+ public:
+  // Checks the config (ConfigError), then draws the parameters from `gen`.
+  explicit Transformer(const TransformerConfig& config, Generator& gen = default_generator());
+
+  // tokens (B, T) with T ≤ max_len and ids < vocab_size (else std::invalid_argument).
+  TransformerOutput forward(const IndexArray& tokens, bool need_weights = false) const;
+  // Mean cross-entropy of the logits against targets (B, T), over positions whose target is not
+  // ignore_index. For the pointer readout a target is a key position.
+  Tensor loss(const TransformerOutput& output, const IndexArray& targets, std::int64_t ignore_index = -100) const;
+  // argmax over the last dimension: (B, T).
+  static IndexArray predictions(const Tensor& logits);
+
+  const TransformerConfig& config() const { return config_; }
+
+  Embedding tok;
+  LearnedPositionalEncoding pos;
+  std::vector<std::unique_ptr<TransformerBlock>> blocks;
+  LayerNorm ln_f;
+  std::unique_ptr<Linear> head;  // token readout only
+
+ private:
+  TransformerConfig config_;
+};
+
+// DIR/config.json as {"model": CONFIG}, written atomically.
+void save_config(const std::string& dir, const TransformerConfig& config);
+// The "model" field of DIR/config.json (other fields are the writer's own, e.g. the qkv program's
+// training options); std::runtime_error naming the file and the field at fault.
+TransformerConfig load_config(const std::string& dir);
+// The model of a run folder: built from DIR/config.json with the committed checkpoint's weights
+// (see checkpoint.hpp); std::runtime_error naming the file at fault, or the config's field to make
+// smaller when its weights would not fit in the memory available.
+std::unique_ptr<Transformer> load_transformer(const std::string& dir);
+
+}  // namespace qkv::nn

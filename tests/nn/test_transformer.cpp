@@ -1,0 +1,226 @@
+#include "tests/helpers.hpp"
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "qkv/nn/checkpoint.hpp"
+#include "qkv/nn/files.hpp"
+#include "qkv/nn/safetensors.hpp"
+#include "qkv/nn/transformer.hpp"
+#include "qkv/optim/adam.hpp"
+
+using namespace qkv;
+using namespace qkv::test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+nn::TransformerConfig small_config() {
+  return {.vocab_size = 5, .n_classes = 3, .max_len = 6, .layers = 2, .d_model = 8, .heads = 2};
+}
+
+std::size_t numel(const nn::Module& m) {
+  std::size_t n = 0;
+  for (const Tensor& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+IndexArray indices(const Tensor& t) {
+  const Array<double>& v = t.value<double>();
+  IndexArray out = IndexArray::from_shape(v.shape());
+  std::transform(v.begin(), v.end(), out.begin(), [](double x) { return std::int64_t(x); });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Transformer logits, loss and every gradient match PyTorch's for token, pointer and bidirectional models") {
+  // tests/fixtures/make_transformer_reference.py computed them with torch's functional ops.
+  const nn::Safetensors fixture = nn::load_safetensors(QKV_FIXTURES "/transformer_reference.safetensors");
+  std::map<std::string, Tensor> tensors(fixture.tensors.begin(), fixture.tensors.end());
+  for (const std::string name : {"token", "pointer", "bidirectional"}) {
+    INFO(name);
+    nn::TransformerConfig config = nn::parse_transformer_config(fixture.metadata.at(name + ".config"), "fixture");
+    config.dtype = DType::float64;
+    Generator gen(1);
+    nn::Transformer model(config, gen);
+    StateDict weights;
+    for (const auto& [key, value] : model.state_dict()) weights.emplace_back(key, tensors.at(name + "." + key));
+    model.load_state_dict(weights);
+    const nn::TransformerOutput out = model.forward(indices(tensors.at(name + ".tokens")));
+    Array<double> expected = tensors.at(name + ".logits").value<double>();  // -1e300 stands for -inf
+    expected = xt::where(expected <= -1e300, -std::numeric_limits<double>::infinity(), expected);
+    const Array<double>& logits = out.logits.value<double>();
+    CHECK(xt::all(xt::equal(xt::isinf(logits), xt::isinf(expected))));
+    check_close(xt::where(xt::isinf(logits), 0.0, logits), xt::where(xt::isinf(expected), 0.0, expected), 1e-12);
+    const Tensor loss = model.loss(out, indices(tensors.at(name + ".targets")));
+    CHECK(loss.item() == Approx(tensors.at(name + ".loss").item()).epsilon(1e-13));
+    loss.backward();
+    for (const auto& [key, p] : model.named_parameters()) {
+      INFO(key);
+      const Array<double>& expected = tensors.at(name + ".grad." + key).value<double>();
+      if (!p.grad().defined()) {  // ln_f under the pointer readout: never read
+        CHECK(xt::amax(xt::abs(expected))() == 0.0);
+        continue;
+      }
+      check_close(p.grad(), expected, 1e-11);
+    }
+  }
+}
+
+TEST_CASE("parameter_count equals the parameters a model of the config builds") {
+  const auto with = [](auto edit) {
+    nn::TransformerConfig c = small_config();
+    edit(c);
+    return c;
+  };
+  const std::vector<nn::TransformerConfig> configs = {
+      small_config(),
+      with([](auto& c) { c.mlp = true; }),
+      with([](auto& c) { c.qk = nn::QK::tied; }),
+      with([](auto& c) { c.proj = nn::Projection::identity; }),
+      with([](auto& c) { c.proj = nn::Projection::frozen; }),
+      with([](auto& c) { c.heads = 4; c.kv_heads = 2; }),
+      with([](auto& c) { c.heads = 4; c.kv_heads = 1; c.d_head = 3; }),
+      with([](auto& c) { c.readout = nn::Readout::pointer; c.n_classes = 0; c.layers = 3; }),
+  };
+  for (const auto& c : configs) {
+    INFO(nn::to_json(c));
+    Generator gen(0);
+    CHECK(nn::parameter_count(c) == double(numel(nn::Transformer(c, gen))));
+  }
+  // By hand, for one: tok 5·8 + pos 6·8 + 2 × (ln1 16 + q, k, v 3·72 + out 72) + ln_f 16 + head 27.
+  CHECK(nn::parameter_count(small_config()) == 40 + 48 + 2 * (16 + 216 + 72) + 16 + 27);
+}
+
+TEST_CASE("a config that cannot build a model names the field at fault") {
+  const auto field = [](auto edit) {
+    nn::TransformerConfig c = small_config();
+    edit(c);
+    try {
+      nn::check(c);
+    } catch (const nn::ConfigError& e) {
+      return e.field;
+    }
+    return std::string("(none)");
+  };
+  CHECK(field([](auto&) {}) == "(none)");
+  CHECK(field([](auto& c) { c.vocab_size = 0; }) == "vocab_size");
+  CHECK(field([](auto& c) { c.n_classes = 0; }) == "n_classes");
+  CHECK(field([](auto& c) { c.readout = nn::Readout::pointer; }) == "n_classes");
+  CHECK(field([](auto& c) { c.heads = 3; }) == "heads");
+  CHECK(field([](auto& c) { c.kv_heads = 3; }) == "kv_heads");
+  CHECK(field([](auto& c) { c.heads = 4; c.kv_heads = 3; }) == "kv_heads");
+  CHECK(field([](auto& c) { c.heads = 4; c.kv_heads = 2; c.qk = nn::QK::tied; }) == "kv_heads");
+  CHECK(field([](auto& c) { c.d_head = 3; c.proj = nn::Projection::identity; }) == "d_head");
+  CHECK(field([](auto& c) { c.layers = 0; }) == "layers");
+  Generator gen(0);
+  nn::TransformerConfig bad = small_config();
+  bad.heads = 3;
+  CHECK_THROWS_AS(nn::Transformer(bad, gen), nn::ConfigError);
+}
+
+TEST_CASE("a config reads back as written, and a bad field is named") {
+  nn::TransformerConfig c = small_config();
+  c.readout = nn::Readout::pointer;
+  c.n_classes = 0;
+  c.causal = false;
+  c.qk = nn::QK::tied;
+  c.proj = nn::Projection::frozen;
+  c.scale = false;
+  c.mlp = true;
+  c.frozen_embeddings = true;
+  c.kv_heads = 2;
+  c.d_head = 5;
+  const nn::TransformerConfig back = nn::parse_transformer_config(nn::to_json(c), "f");
+  CHECK(nn::to_json(back) == nn::to_json(c));
+  CHECK(back.readout == nn::Readout::pointer);
+  CHECK(back.qk == nn::QK::tied);
+  CHECK(back.proj == nn::Projection::frozen);
+  CHECK(back.d_head == 5);
+  CHECK(back.frozen_embeddings);
+
+  const auto message = [&](const std::string& from, const std::string& to) {
+    std::string text = nn::to_json(small_config());
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    return runtime_error_message([&] { nn::parse_transformer_config(text.replace(at, from.size(), to), "c.json", "model."); });
+  };
+  CHECK(message("\"heads\":2", "\"heads\":-2") == "c.json: 'model.heads' is -2, out of range [1, 1000000]");
+  CHECK(message("\"heads\":2", "\"heads\":3") == "c.json: 'model.heads' 3 does not divide d_model 8 (or give d_head)");
+  CHECK(message("\"qk\":\"untied\"", "\"qk\":\"both\"") ==
+        "c.json: 'model.qk' is 'both'; it must be one of untied, tied");
+  CHECK(message("\"mlp\":false", "\"mlp\":0") == "c.json: 'model.mlp' must be true or false, not a number");
+  CHECK(message("\"mlp\":false", "\"mlp\":false,\"dropout\":0.1") == "c.json: 'model.dropout' is not a known field");
+  CHECK(message("\"layers\":2,", "") == "c.json: 'model.layers' is missing");
+}
+
+TEST_CASE("a Transformer with frozen embeddings trains only its attention, MLPs and head") {
+  nn::TransformerConfig c = small_config();
+  c.mlp = true;
+  c.frozen_embeddings = true;
+  Generator gen(0);
+  const nn::Transformer model(c, gen);
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    const bool trains = name.find(".attn.") != std::string::npos || name.find(".fc.") != std::string::npos ||
+                        name.find(".proj.") != std::string::npos || name.rfind("head.", 0) == 0;
+    CHECK(p.requires_grad() == trains);
+  }
+  CHECK_THAT(invalid_argument_message([&] { model.forward(IndexArray{{0, 1, 5}}); }), Contains("5"));
+  CHECK_THAT(invalid_argument_message([&] { model.forward(IndexArray{1, 2}); }), Contains("Transformer"));
+}
+
+TEST_CASE("a run folder saved through the library loads back: config, weights, optimizer state and metadata") {
+  const std::string dir = scratch("transformer_run");
+  nn::TransformerConfig c = small_config();
+  c.mlp = true;
+  Generator gen(3);
+  nn::Transformer model(c, gen);
+  optim::Adam adam(model.parameters(), {.lr = 1e-2});
+  const IndexArray tokens{{0, 1, 2, 3}, {4, 3, 2, 1}}, targets{{1, 2, 0, -100}, {2, 2, 1, 0}};
+  {
+    nn::RunLock lock(dir);
+    nn::save_config(dir, c);
+    for (std::size_t step = 1; step <= 3; ++step) {
+      adam.zero_grad();
+      model.loss(model.forward(tokens), targets).backward();
+      adam.step();
+      nn::save_checkpoint(dir, model, adam.state_dict(), {.step = step, .metadata = {{"note", "step " + std::to_string(step)}}});
+    }
+  }
+  const auto loaded = nn::load_transformer(dir);
+  CHECK(nn::to_json(loaded->config()) == nn::to_json(c));
+  check_close(loaded->forward(tokens).logits, model.forward(tokens).logits.to(DType::float64).value<double>(), 0);
+
+  Generator other(99);
+  nn::Transformer fresh(c, other);
+  optim::Adam fresh_adam(fresh.parameters(), {.lr = 1e-2});
+  const nn::Checkpoint checkpoint = nn::load_checkpoint(dir, fresh);
+  CHECK(checkpoint.info.step == 3);
+  CHECK(checkpoint.info.metadata == std::map<std::string, std::string>{{"note", "step 3"}});
+  fresh_adam.load_state_dict(checkpoint.optimizer.tensors);
+  // One more step from the loaded state equals one more step of the original.
+  for (auto* m : {&model, &fresh}) {
+    optim::Adam& a = m == &model ? adam : fresh_adam;
+    a.zero_grad();
+    m->loss(m->forward(tokens), targets).backward();
+    a.step();
+  }
+  for (std::size_t i = 0; i < model.parameters().size(); ++i)
+    CHECK(xt::all(xt::equal(model.parameters()[i].value<float>(), fresh.parameters()[i].value<float>())));
+
+  // A config.json that does not fit the weights is named.
+  nn::TransformerConfig wider = c;
+  wider.d_model = 16;
+  nn::save_config(dir, wider);
+  CHECK_THAT(runtime_error_message([&] { nn::load_transformer(dir); }),
+             Contains("model.safetensors: does not fit the model") && Contains("tok.weight (given (5,8), expected (5,16))"));
+  // One whose weights would not fit in memory is refused before anything is allocated.
+  wider.vocab_size = nn::TransformerConfig::max_width;
+  wider.d_model = nn::TransformerConfig::max_width;
+  nn::save_config(dir, wider);
+  CHECK_THAT(runtime_error_message([&] { nn::load_transformer(dir); }), Contains("config.json: the model needs"));
+  std::filesystem::remove_all(dir);
+}
