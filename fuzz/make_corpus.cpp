@@ -151,6 +151,9 @@ int main(int argc, char** argv) {
   put("config-d-model-negative", config_with("d_model", "-16"));
   put("config-lr-zero", config_with("lr", "0"));
   put("config-vocab-other", config_with("vocab_size", "3"));
+  std::string other_tokens = run.config;
+  other_tokens.replace(other_tokens.find("\"(\","), 4, "\"{\",");
+  put("config-tokens-other", other_tokens);
   put("config-nested", config_with("seed", std::string(30, '[') + std::string(30, ']')));
   std::cout << "wrote the corpus to " << dir.string() << "\n";
 }

@@ -12,8 +12,8 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "examples/cli/heatmap.hpp"
+#include "examples/cli/registry.hpp"
 #include "examples/cli/inspect.hpp"
-#include "examples/cli/tasks/tasks.hpp"
 #include "examples/cli/train.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/safetensors.hpp"
@@ -23,84 +23,6 @@ namespace qkv::cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// One configuration of an experiment: the labels that name it in the table, and how to train it.
-struct Config {
-  Json labels;
-  TrainOptions options;
-};
-
-// Per task: steps of a full run and of a quick one.
-std::size_t steps_for(const std::string& task, bool quick) {
-  if (quick) return task == "induction" ? 250 : 300;
-  return task == "brackets" ? 1200 : task == "rps" ? 800 : 1000;
-}
-
-TrainOptions base(const std::string& task, const ExperimentOptions& e) {
-  TrainOptions o = default_options(task);
-  o.steps = e.steps ? e.steps : steps_for(task, e.quick);
-  o.warmup = std::min<std::size_t>(o.warmup, o.steps / 10 + 1);
-  o.eval_batches = e.eval_batches;
-  o.target = task_target(task);
-  o.target_every = e.quick ? 25 : 50;
-  o.checkpoint_every = o.steps;  // at the end only
-  o.log_every = std::max<std::size_t>(1, o.steps / 10);
-  return o;
-}
-
-void set_variant(TrainOptions& o, const std::string& variant) {
-  o.model.qk = variant == "tied" ? nn::QK::tied : nn::QK::untied;
-  o.model.proj = variant == "identity" ? nn::Projection::identity
-                 : variant == "frozen" ? nn::Projection::frozen : nn::Projection::learned;
-}
-
-std::vector<Config> plan(const ExperimentOptions& e) {
-  std::vector<Config> out;
-  const auto add = [&](Json labels, TrainOptions o) { out.push_back({std::move(labels), std::move(o)}); };
-  if (e.name == "ablations") {
-    for (const std::string task : {"brackets", "rps", "induction"})
-      for (const std::string variant : {"untied", "tied", "identity", "frozen"})
-        for (const std::string embeddings : {"learned", "frozen"}) {
-          TrainOptions o = base(task, e);
-          set_variant(o, variant);
-          o.model.frozen_embeddings = embeddings == "frozen";
-          add({{"task", task}, {"variant", variant}, {"embeddings", embeddings}}, o);
-        }
-  } else if (e.name == "dhead") {
-    for (const std::string task : {"rps", "brackets"})
-      for (const std::size_t d : {1, 2, 4, 8}) {
-        TrainOptions o = base(task, e);
-        o.model.d_head = d;
-        add({{"task", task}, {"d_head", d}}, o);
-      }
-  } else if (e.name == "scale") {
-    for (const std::size_t d : {4, 16, 64})
-      for (const bool scale : {true, false}) {
-        TrainOptions o = base("brackets", e);
-        o.model.d_head = d;
-        o.model.scale = scale;
-        add({{"task", "brackets"}, {"d_head", d}, {"scale", scale ? "1/sqrt(d_head)" : "none"}}, o);
-      }
-  } else if (e.name == "kv") {
-    for (const std::size_t kv : {4, 2, 1}) {
-      TrainOptions o = base("induction", e);
-      o.model.heads = 4;
-      o.model.kv_heads = kv;
-      add({{"task", "induction"}, {"attention", kv == 4 ? "MHA" : kv == 1 ? "MQA" : "GQA"}, {"kv_heads", kv}}, o);
-    }
-  } else if (e.name == "causal") {
-    for (const bool causal : {true, false})
-      for (const std::string variant : {"untied", "tied"}) {
-        TrainOptions o = base("brackets", e);
-        o.model.causal = causal;
-        set_variant(o, variant);
-        add({{"task", "brackets"}, {"attention", causal ? "causal" : "bidirectional"}, {"variant", variant}}, o);
-      }
-  } else {
-    fail("experiment", "unknown experiment '{}' (known: {})", e.name, fmt::join(experiment_names(), ", "));
-  }
-  return out;
-}
 
 std::string variant_of(const nn::TransformerConfig& c) {
   if (c.proj == nn::Projection::identity) return "identity";
@@ -126,101 +48,6 @@ double readout_score_asymmetry(const nn::Transformer& m, const std::vector<std::
   double total = 0;
   for (const auto& input : inputs) total += score_asymmetries(m, input).back()[0];
   return total / double(inputs.size());
-}
-
-// rps: on sequences of three items, one of each symbol, the share of queries whose score (the
-// readout head's, before softmax) is highest, among all three items, for the item of the symbol
-// that beats theirs; and the largest such share in any one sequence. Two kinds of score can do so
-// for at most two of a sequence's three queries, so their largest share is at most 2/3, exactly:
-// - symmetric scores (tied or identity heads), since the three wins would need
-//   s(R,P) > s(R,S) = s(S,R) > s(S,P) = s(P,S) > s(P,R) = s(R,P);
-// - rank-1 scores (d_head = 1), s(i,j) = q_i·k_j with scalars q and k: a query's highest score
-//   falls on the item of largest k (q > 0) or of smallest k (q < 0), so two of the three items
-//   are ever top, and three queries need three different ones.
-// A sequence at 3/3 under either is a bug. (Accuracy itself can pass 2/3: the readout of a soft
-// mixture of payloads can still land on the right one.)
-struct Ranking {
-  double mean, max;
-};
-Ranking beater_ranking(const nn::Transformer& m, std::uint64_t seed) {
-  const RpsTask three(3, 3);
-  Generator gen(seed ^ 0x3c7c1eULL);
-  const Batch batch = three.sample(512, gen);
-  NoGradGuard no_grad;
-  const Array<double> s = m.forward(batch.tokens, true).attention.back().scores.to(DType::float64).value<double>();
-  double total = 0, worst = 0;
-  for (std::size_t b = 0; b < batch.tokens.shape()[0]; ++b) {
-    std::size_t at[3];  // the position of each symbol
-    for (std::size_t t = 0; t < 3; ++t) at[batch.tokens(b, t) / RpsTask::n_payloads] = t;
-    double right = 0;
-    for (std::size_t sym = 0; sym < 3; ++sym) {  // sym + 1 beats sym; sym + 2 is beaten by it
-      const std::size_t i = at[sym];
-      const double beater = s(b, 0, i, at[(sym + 1) % 3]);
-      right += beater > s(b, 0, i, at[(sym + 2) % 3]) && beater > s(b, 0, i, i) ? 1 : 0;
-    }
-    total += right / 3;
-    worst = std::max(worst, right / 3);
-  }
-  return {total / double(batch.tokens.shape()[0]), worst};
-}
-
-// At init: the mean entropy and the mean largest weight of every attention row, over all heads and
-// layers; and ‖∂loss/∂W_q‖ over all layers, on one training batch.
-Json init_attention_stats(nn::Transformer& m, const Task& task, const std::vector<std::vector<std::int64_t>>& inputs,
-                                    std::uint64_t seed) {
-  double entropy = 0, top = 0;
-  std::size_t rows = 0;
-  {
-    NoGradGuard no_grad;
-    for (const auto& input : inputs) {
-      IndexArray tokens = IndexArray::from_shape({1, input.size()});
-      std::copy(input.begin(), input.end(), tokens.begin());
-      for (const auto& r : m.forward(tokens, true).attention) {
-        const Array<double> w = r.weights.to(DType::float64).value<double>();  // (1, H, T, T)
-        const std::size_t H = w.shape()[1], T = w.shape()[2];
-        for (std::size_t h = 0; h < H; ++h)
-          for (std::size_t i = 0; i < T; ++i) {
-            double e = 0, best = 0;
-            for (std::size_t j = 0; j < T; ++j) {
-              const double p = w(0, h, i, j);
-              if (p > 0) e -= p * std::log(p);
-              best = std::max(best, p);
-            }
-            entropy += e;
-            top += best;
-            ++rows;
-          }
-      }
-    }
-  }
-  Generator gen(seed);
-  const Batch b = task.sample(32, gen);
-  m.zero_grad();
-  m.loss(m.forward(b.tokens), b.targets).backward();
-  double grad = 0;
-  for (const auto& block : m.blocks) {
-    if (!block->attn.q_proj) continue;
-    const Array<double> g = block->attn.q_proj->weight.grad().to(DType::float64).value<double>();
-    for (double v : g) grad += v * v;
-  }
-  m.zero_grad();
-  return {{"entropy_init", entropy / double(rows)}, {"max_weight_init", top / double(rows)},
-          {"grad_norm_init", std::sqrt(grad)}};
-}
-
-// Bytes the KV caches of all layers hold per token of one sequence, measured on a real cache.
-std::size_t kv_cache_bytes_per_token(const nn::Transformer& m, const std::vector<std::int64_t>& input) {
-  NoGradGuard no_grad;
-  IndexArray tokens = IndexArray::from_shape({1, input.size()});
-  std::copy(input.begin(), input.end(), tokens.begin());
-  const nn::TransformerOutput f = m.forward(tokens);
-  std::size_t bytes = 0;
-  for (std::size_t l = 0; l < m.blocks.size(); ++l) {
-    nn::KVCache cache;
-    m.blocks[l]->attn.forward(f.inputs[l], {.causal = true}, false, &cache);
-    bytes += cache.bytes_per_sequence();
-  }
-  return bytes / input.size();
 }
 
 struct Stats {
@@ -284,18 +111,14 @@ std::string markdown_table(const std::string& name, const Json& runs) {
   std::vector<std::string> header;
   for (const auto& [key, value] : groups[0].labels.items()) header.push_back(key);
   header.insert(header.end(), {"accuracy", "steps to target", "σ init", "σ", "score asymmetry"});
-  struct Extra {
-    std::string key, header, format;
-  };
-  std::vector<Extra> extras;
-  if (name == "scale")
-    extras = {{"entropy_init", "entropy at init", "{:.3f}"}, {"max_weight_init", "max weight at init", "{:.3f}"},
-              {"grad_norm_init", "‖∂L/∂W_q‖ at init", "{:.3g}"}};
-  if (name == "kv") extras = {{"kv_cache_bytes_per_token", "KV cache bytes/token", "{:.0f}"}};
-  bool rps = false;
-  for (const Json& run : runs) rps = rps || run["task"] == "rps";
-  if (rps) extras.push_back({"beater_top", "beater scored top (3 items)", "{:.3f}"});
-  for (const Extra& x : extras) header.push_back(x.header);
+  // The experiment's own columns, then those of each task's probe.
+  std::vector<Column> extras = experiment_spec(name).columns;
+  std::vector<std::string> tasks;
+  for (const Json& run : runs)
+    if (std::find(tasks.begin(), tasks.end(), run["task"]) == tasks.end()) tasks.push_back(run["task"]);
+  for (const std::string& task : tasks)
+    for (const Column& x : task_spec(task).probe_columns) extras.push_back(x);
+  for (const Column& x : extras) header.push_back(x.header);
   std::string out = "| " + fmt::format("{}", fmt::join(header, " | ")) + " |\n|";
   for (std::size_t i = 0; i < header.size(); ++i) out += "---|";
   out += "\n";
@@ -310,7 +133,7 @@ std::string markdown_table(const std::string& name, const Json& runs) {
     cells.push_back(mean_sd(column(g, "sigma_init"), "{:.3f}"));
     cells.push_back(mean_sd(column(g, "sigma"), "{:.3f}"));
     cells.push_back(mean_sd(column(g, "score_asymmetry"), "{:.3f}"));
-    for (const Extra& x : extras) cells.push_back(mean_sd(column(g, x.key.c_str()), x.format.c_str()));
+    for (const Column& x : extras) cells.push_back(mean_sd(column(g, x.key.c_str()), x.format.c_str()));
     out += "| " + fmt::format("{}", fmt::join(cells, " | ")) + " |\n";
   }
   return out;
@@ -359,10 +182,34 @@ std::string accuracy_chart(const std::string& name, const Json& runs) {
 
 }  // namespace
 
-std::vector<std::string> experiment_names() { return {"ablations", "dhead", "scale", "kv", "causal"}; }
+std::vector<std::string> experiment_names() { return names_of(experiment_registry()); }
+
+const ExperimentSpec& experiment_spec(const std::string& name) {
+  return find_spec(experiment_registry(), name, "experiment");
+}
+
+TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e) {
+  const TaskSpec& spec = task_spec(task);
+  TrainOptions o = default_options(task);
+  o.steps = e.steps ? e.steps : e.quick ? spec.quick_steps : spec.experiment_steps;
+  o.warmup = std::min<std::size_t>(o.warmup, o.steps / 10 + 1);
+  o.eval_batches = e.eval_batches;
+  o.target = spec.target;
+  o.target_every = e.quick ? 25 : 50;
+  o.checkpoint_every = o.steps;  // at the end only
+  o.log_every = std::max<std::size_t>(1, o.steps / 10);
+  return o;
+}
+
+void set_variant(TrainOptions& o, const std::string& variant) {
+  o.model.qk = variant == "tied" ? nn::QK::tied : nn::QK::untied;
+  o.model.proj = variant == "identity" ? nn::Projection::identity
+                 : variant == "frozen" ? nn::Projection::frozen : nn::Projection::learned;
+}
 
 ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progress, bool tty) {
-  const std::vector<Config> configs = plan(e);
+  const ExperimentSpec& spec = experiment_spec(e.name);
+  const std::vector<ExperimentConfig> configs = spec.plan(e);
   const std::size_t seeds = e.seeds ? e.seeds : e.quick ? 1 : 5;
   const std::string out = e.out.empty() ? "runs/experiment-" + e.name : e.out;
   std::filesystem::create_directories(out + "/runs");
@@ -373,7 +220,7 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   std::size_t done = 0;
   for (std::uint64_t seed = 0; seed < seeds; ++seed)
     for (std::size_t c = 0; c < configs.size(); ++c) {
-      const Config& config = configs[c];
+      const ExperimentConfig& config = configs[c];
       TrainOptions o = config.options;
       o.seed = seed;
       o.out = fmt::format("{}/runs/{:02}-seed{}", out, c, seed);
@@ -390,7 +237,7 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
         Generator gen(o.seed);  // the same init as train()'s
         nn::Transformer init(o.model, gen);
         run["sigma_init"] = readout_sigma(init);
-        if (e.name == "scale") run.update(init_attention_stats(init, *task, sequences, seed));
+        if (spec.at_init) spec.at_init(run, init, *task, sequences, seed);
       }
       progress << fmt::format("[{:>3}/{}] {}, seed {}", done + 1, total, label_text(config.labels), seed)
                << (tty ? "\n" : "") << std::flush;
@@ -403,23 +250,18 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
       run["seconds"] = r.seconds;
       run["sigma"] = readout_sigma(*model);
       run["score_asymmetry"] = readout_score_asymmetry(*model, sequences);
-      if (e.name == "kv") run["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(*model, sequences.front());
-      if (o.task == "rps") {
-        const Ranking ranking = beater_ranking(*model, seed);
-        run["beater_top"] = ranking.mean;
-        run["beater_top_max"] = ranking.max;
-      }
+      if (spec.at_end) spec.at_end(run, *model, sequences);
+      Probe probe;
+      if (const TaskSpec& t = task_spec(o.task); t.probe) probe = t.probe(*model, seed);
+      for (const auto& [key, value] : probe.values) run[key] = value;
       run["config"] = Json::parse(config_text(o));
       progress << fmt::format("{}: accuracy {:.4f}, {}, {:.1f} s\n", tty ? "  done" : "", r.eval.accuracy,
                               r.steps_to_target ? fmt::format("target at step {}", *r.steps_to_target)
                                                 : std::string("target not reached"),
                               r.seconds)
                << std::flush;
-      // Symmetric and rank-1 scores cannot put the 3-cycle of rps on top: see Ranking.
-      const bool bounded = run["variant"] == "tied" || run["variant"] == "identity" || o.model.d_head == 1;
-      if (o.task == "rps" && bounded && run["beater_top_max"].get<double>() > 2.0 / 3 + 1e-9)
-        result.warnings.push_back(fmt::format("{}, seed {}: a symmetric or rank-1 score put every beater on top in "
-                                              "a sequence, which it cannot: a bug", label_text(config.labels), seed));
+      for (const std::string& violation : probe.violations)
+        result.warnings.push_back(fmt::format("{}, seed {}: {}", label_text(config.labels), seed, violation));
       result.runs.push_back(std::move(run));
       ++done;
     }

@@ -1,20 +1,19 @@
 #pragma once
 // `qkv experiment NAME`: rerunnable evidence for the teaching claims about W_q, W_k and W_v.
 // Each experiment trains a grid of configurations over several seeds, and reports mean ± std per
-// configuration as a markdown table, every run as JSON, and a chart as SVG.
-//
-//   ablations  brackets, rps, induction × projections untied | tied | identity | frozen
-//              × embeddings learned | frozen
-//   dhead      d_head 1, 2, 4, 8 on rps and brackets
-//   scale      with and without 1/√d_head at d_head 4, 16, 64 (brackets)
-//   kv         MHA, GQA and MQA on induction, with the KV-cache bytes per token
-//   causal     brackets with causal and bidirectional attention, tied and untied
+// configuration as a markdown table, every run as JSON, and a chart as SVG. Each experiment is an
+// ExperimentSpec in a file of its own under experiments/, listed in experiments/registry.cpp
+// (`qkv experiment --help` lists them).
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "examples/cli/tasks/task.hpp"
+#include "examples/cli/train.hpp"
 
 namespace qkv::cli {
 
@@ -34,7 +33,39 @@ struct ExperimentResult {
   std::vector<std::string> warnings;  // broken bounds (a bug): also at the end of the table
 };
 
+// One configuration of an experiment: the labels that name it in the table, and how to train it.
+struct ExperimentConfig {
+  nlohmann::ordered_json labels;
+  TrainOptions options;
+};
+
+// Unpadded held-out sequences of a run's task, on which its numbers are measured.
+using Sequences = std::vector<std::vector<std::int64_t>>;
+
+// Everything the program knows about an experiment; nothing else names it.
+struct ExperimentSpec {
+  std::string name, description;
+  std::function<std::vector<ExperimentConfig>(const ExperimentOptions&)> plan;  // the grid
+  std::vector<Column> columns{};  // the table's columns of what at_init and at_end add to a run
+  // Numbers of a run's model at init (before training: the same init as train's) and at the end.
+  std::function<void(nlohmann::ordered_json& run, nn::Transformer& init, const Task& task, const Sequences& sequences,
+                     std::uint64_t seed)>
+      at_init{};
+  std::function<void(nlohmann::ordered_json& run, const nn::Transformer& trained, const Sequences& sequences)> at_end{};
+};
+
+// Every registered experiment.
+const std::vector<ExperimentSpec>& experiment_registry();
 std::vector<std::string> experiment_names();
+// Throws std::invalid_argument naming the experiment and listing the known ones.
+const ExperimentSpec& experiment_spec(const std::string& name);
+
+// What every experiment's runs start from: the task's defaults, with the task's experiment
+// budget (TaskSpec::experiment_steps, or quick_steps), checkpointed at the end only, and
+// steps-to-target measured.
+TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e);
+// Projections by name: untied, tied, identity or frozen.
+void set_variant(TrainOptions& o, const std::string& variant);
 
 // Runs every configuration for every seed, writes OUT/results.json, OUT/NAME.svg and each run's
 // folder under OUT/runs/, and shows progress on `progress`. Throws std::invalid_argument for an

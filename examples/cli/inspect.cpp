@@ -12,7 +12,6 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "examples/cli/heatmap.hpp"
-#include "examples/cli/tasks/tasks.hpp"
 #include "qkv/nn/safetensors.hpp"
 
 namespace qkv::cli {
@@ -123,7 +122,7 @@ std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, cons
   };
 }
 
-std::string opener_text(const std::optional<double>& v) { return v ? fmt::format("{:.3f}", *v) : "-"; }
+std::string weight_text(const std::optional<double>& v) { return v ? fmt::format("{:.3f}", *v) : "-"; }
 
 }  // namespace
 
@@ -184,13 +183,11 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
 
   const nn::TransformerOutput f = model.forward(one_row(input), true);
   const std::vector<std::vector<double>> asymmetry = score_asymmetries(model, f);
-  std::vector<std::int64_t> openers;
-  if (r.task == "brackets") {
-    try {
-      openers = BracketsTask::matching_openers(input);
-    } catch (const std::invalid_argument&) {
-      // An input whose closers do not match has no openers to measure.
-    }
+  // A pointer task's targets on the input: the weight each head puts on them.
+  std::vector<std::int64_t> targets;
+  if (task.info().readout == nn::Readout::pointer) {
+    r.target_name = task_spec(r.task).target_name;
+    targets = task.pointer_targets(input).value_or(std::vector<std::int64_t>{});
   }
   const auto D = std::int64_t(c.d_model);
   const Tensor tok = reshape(model.tok.weight, {1, -1, D}), pos = reshape(model.pos.weight, {1, -1, D});
@@ -223,15 +220,15 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
       hi.attention = head_matrix(f.attention[l].weights, h);
       hi.scores = head_matrix(f.attention[l].scores, h);
       hi.score_asymmetry = asymmetry[l][h];
-      if (!openers.empty()) {
+      if (!targets.empty()) {
         double total = 0;
         std::size_t n = 0;
-        for (std::size_t t = 0; t < openers.size(); ++t)
-          if (openers[t] >= 0) {
-            total += hi.attention(t, std::size_t(openers[t]));
+        for (std::size_t t = 0; t < targets.size(); ++t)
+          if (targets[t] >= 0) {
+            total += hi.attention(t, std::size_t(targets[t]));
             ++n;
           }
-        if (n) hi.opener_attention = total / double(n);
+        if (n) hi.target_attention = total / double(n);
       }
       heads.push_back(std::move(hi));
     }
@@ -244,7 +241,7 @@ nlohmann::json to_json(const Inspection& in) {
   const nn::TransformerConfig& c = in.config;
   nlohmann::json layers = nlohmann::json::array(), attention = nlohmann::json::array(),
                  scores = nlohmann::json::array(), asymmetry = nlohmann::json::array(),
-                 openers = nlohmann::json::array();
+                 target_weights = nlohmann::json::array();
   for (const auto& heads : in.layers) {
     nlohmann::json hs = nlohmann::json::array(), att = nlohmann::json::array(), sc = nlohmann::json::array(),
                    as = nlohmann::json::array(), op = nlohmann::json::array();
@@ -270,20 +267,20 @@ nlohmann::json to_json(const Inspection& in) {
       att.push_back(matrix_json(h.attention));
       sc.push_back(matrix_json(h.scores));
       as.push_back(h.score_asymmetry);
-      op.push_back(h.opener_attention ? nlohmann::json(*h.opener_attention) : nlohmann::json(nullptr));
+      op.push_back(h.target_attention ? nlohmann::json(*h.target_attention) : nlohmann::json(nullptr));
     }
     layers.push_back({{"heads", hs}});
     attention.push_back(att);
     scores.push_back(sc);
     asymmetry.push_back(as);
-    openers.push_back(op);
+    target_weights.push_back(op);
   }
   nlohmann::json input = {{"tokens", in.input_names},
                           {"ids", in.input},
                           {"attention", attention},
                           {"scores", scores},
                           {"score_asymmetry", asymmetry}};
-  if (in.task == "brackets") input["opener_attention"] = openers;
+  if (!in.target_name.empty()) input[in.target_name + "_attention"] = target_weights;
   return {{"task", in.task},
           {"dir", in.dir},
           {"config", {{"layers", c.layers}, {"heads", in.layers.empty() ? 0 : in.layers[0].size()},
@@ -310,12 +307,12 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
   out << "input: " << text << "\n\n";
 
   out << "layer head   σ      ‖A−Aᵀ‖/‖A‖  stable rank  rank  score asymmetry"
-      << (in.task == "brackets" ? "  weight on opener" : "") << "\n";
+      << (in.target_name.empty() ? "" : "  weight on " + in.target_name) << "\n";
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads)
       out << fmt::format("{:>5} {:>4}   {:.3f}  {:>10.3f}  {:>11.2f}  {:>4}  {:>15.3f}{}\n", h.layer, h.head, h.sigma,
                          h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank, h.score_asymmetry,
-                         in.task == "brackets" ? fmt::format("  {:>17}", opener_text(h.opener_attention)) : "");
+                         in.target_name.empty() ? "" : fmt::format("  {:>17}", weight_text(h.target_attention)));
   out << "σ = ‖(A+Aᵀ)/2‖² / ‖A‖² is 1 for a symmetric A (tied or identity), about 0.5 + 1/(2·d_model) = "
       << fmt::format("{:.3f}", 0.5 + 0.5 / double(c.d_model))
       << " for a random untied one.\nScore asymmetry is ‖S−Sᵀ‖/‖S‖ of the input's pre-softmax scores over all "
@@ -338,7 +335,8 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
                          h.ov_spectrum.stable_rank, h.ov_spectrum.rank,
                          values_text(h.ov_spectrum.singular_values, h.ov_spectrum.rank));
       out << fmt::format("  on the input: score asymmetry {:.3f}", h.score_asymmetry);
-      if (h.opener_attention) out << fmt::format(", closers put {:.3f} of their weight on their opener", *h.opener_attention);
+      if (h.target_attention)
+        out << fmt::format(", scored queries put {:.3f} of their weight on their {}", *h.target_attention, in.target_name);
       out << "\n\n";
       for (const auto& [name, map] : pictures(in, h)) {
         if (name == "qk-circuit") continue;  // the spectrum above says more than d_model² shades
@@ -382,14 +380,14 @@ which the mask hides.</p></div>
 )";
   s += "<table><tr><th>layer</th><th>head</th><th>σ</th><th>‖A−Aᵀ‖/‖A‖</th><th>stable rank</th><th>rank</th>"
        "<th>score asymmetry</th>";
-  if (in.task == "brackets") s += "<th>weight on opener</th>";
+  if (!in.target_name.empty()) s += fmt::format("<th>weight on {}</th>", escape_xml(in.target_name));
   s += "</tr>\n";
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
       s += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.2f}</td><td>{}</td><td>{:.3f}</td>",
                        h.layer, h.head, h.sigma, h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank,
                        h.score_asymmetry);
-      if (in.task == "brackets") s += fmt::format("<td>{}</td>", opener_text(h.opener_attention));
+      if (!in.target_name.empty()) s += fmt::format("<td>{}</td>", weight_text(h.target_attention));
       s += "</tr>\n";
     }
   s += "</table>\n";
@@ -406,7 +404,9 @@ which the mask hides.</p></div>
                        eigen_text(significant(h.qk_spectrum.eigenvalues)), h.ov_spectrum.stable_rank,
                        h.ov_spectrum.rank, values_text(h.ov_spectrum.singular_values, h.ov_spectrum.rank),
                        h.score_asymmetry);
-      if (h.opener_attention) s += fmt::format("; closers put {:.3f} of their weight on their opener", *h.opener_attention);
+      if (h.target_attention)
+        s += fmt::format("; scored queries put {:.3f} of their weight on their {}", *h.target_attention,
+                         escape_xml(in.target_name));
       s += ".</p>\n<div class=\"pics\">\n";
       for (const auto& [name, map] : pictures(in, h)) s += heatmap_svg(map);
       s += "</div>\n";

@@ -37,8 +37,9 @@ struct HeadInspection {
   // ‖S − Sᵀ‖ / ‖S‖ of the input's scores over all pairs of its tokens, the causal mask lifted
   // (a causal mask hides one score of every pair).
   double score_asymmetry = 0;
-  // brackets: the mean weight a closer puts on its own opener.
-  std::optional<double> opener_attention;
+  // Pointer tasks: the mean weight a scored query puts on its target (brackets: a closer on its
+  // opener); none when the input is not one the task would generate.
+  std::optional<double> target_attention;
 };
 
 struct Inspection {
@@ -47,6 +48,7 @@ struct Inspection {
   std::vector<std::string> vocabulary;  // token names, by id
   std::vector<std::int64_t> input;      // token ids
   std::vector<std::string> input_names;
+  std::string target_name;  // pointer tasks: what a target is called ("opener"); "" otherwise
   std::vector<std::vector<HeadInspection>> layers;
 };
 
@@ -63,7 +65,7 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
 
 // The numbers as JSON: {task, config, layers: [{heads: [{sigma, antisymmetry, singular_values,
 // stable_rank, rank, eigenvalues ([re, im] pairs), token_qk: {tokens, scores}, ...}]}],
-// input: {tokens, attention, scores, score_asymmetry, opener_attention (brackets)}}.
+// input: {tokens, attention, scores, score_asymmetry, TARGET_attention (pointer tasks: opener_attention)}}.
 nlohmann::json to_json(const Inspection& inspection);
 
 // Tables and heatmaps of shaded blocks, in colour when `color`.

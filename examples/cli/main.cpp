@@ -16,7 +16,6 @@
 #include "examples/cli/experiment.hpp"
 #include "examples/cli/gradcheck_cases.hpp"
 #include "examples/cli/inspect.hpp"
-#include "examples/cli/tasks/tasks.hpp"
 #include "examples/cli/train.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/nn/safetensors.hpp"
@@ -79,7 +78,8 @@ int run_tasks() {
   return 0;
 }
 
-// Accuracy on fresh sequences; brackets also at lengths 26-40, where the model's positions allow.
+// Accuracy on fresh sequences; also on longer ones where the task has them (brackets: 26-40) and
+// the model's positions allow.
 int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
   const TrainOptions o = read_config(dir);
   const auto model = load_model(dir);
@@ -88,15 +88,16 @@ int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
   const Metrics m = evaluate(*model, *task, batches, o.batch, seed);
   nlohmann::json out = {{"task", o.task}, {"dir", dir}, {"sequences", batches * o.batch}, {"seed", seed},
                         {"accuracy", m.accuracy}, {"exact_match", m.exact_match}};
-  if (o.task == "brackets") {
-    const BracketsTask longer(26, 40);
-    if (longer.info().max_len <= o.model.max_len) {
-      const Metrics l = evaluate(*model, longer, batches, o.batch, seed);
-      out["longer"] = {{"lengths", "26-40"}, {"accuracy", l.accuracy}, {"exact_match", l.exact_match}};
+  const TaskSpec& spec = task_spec(o.task);
+  if (spec.make_longer) {
+    const auto longer = spec.make_longer();
+    if (longer->info().max_len <= o.model.max_len) {
+      const Metrics l = evaluate(*model, *longer, batches, o.batch, seed);
+      out["longer"] = {{"lengths", spec.longer_lengths}, {"accuracy", l.accuracy}, {"exact_match", l.exact_match}};
     } else {
-      out["longer"] = {{"lengths", "26-40"}, {"accuracy", nullptr},
-                       {"reason", fmt::format("the model has {} learned positions; lengths up to 40 need {}",
-                                              o.model.max_len, longer.info().max_len)}};
+      out["longer"] = {{"lengths", spec.longer_lengths}, {"accuracy", nullptr},
+                       {"reason", fmt::format("the model has {} learned positions; lengths {} need {}",
+                                              o.model.max_len, spec.longer_lengths, longer->info().max_len)}};
     }
   }
   fmt::print("{}\n", out.dump());
@@ -193,7 +194,7 @@ int main(int argc, char** argv) {
   bool no_scale = false, mlp = false, resume = false, force = false;
   const auto count = whole(1, max_steps);
   auto* train_cmd = app.add_subcommand("train", "Train a model on a task");
-  train_cmd->add_option("TASK", task, "brackets, rps or induction")->required()->check(CLI::IsMember(task_names()));
+  train_cmd->add_option("TASK", task, fmt::format("{}", fmt::join(task_names(), ", ")))->required()->check(CLI::IsMember(task_names()));
   train_cmd->add_option("--out", out, "Run folder (default runs/TASK)");
   train_cmd->add_option("--seed", seed, "Seed of every random draw")->check(whole(0, UINT64_MAX));
   train_cmd->add_option("--steps", steps, "Optimizer steps")->check(count);
@@ -239,7 +240,10 @@ int main(int argc, char** argv) {
   ExperimentOptions experiment;
   std::uint64_t experiment_seeds = 0;
   auto* experiment_cmd = app.add_subcommand("experiment", "Rerun an experiment on the teaching claims: a table over seeds");
-  experiment_cmd->add_option("NAME", experiment.name, "ablations, dhead, scale, kv or causal")
+  std::string experiments_text;
+  for (const ExperimentSpec& spec : experiment_registry())
+    experiments_text += fmt::format("\n    {:<10} {}", spec.name, spec.description);
+  experiment_cmd->add_option("NAME", experiment.name, "One of:" + experiments_text)
       ->required()
       ->check(CLI::IsMember(experiment_names()));
   experiment_cmd->add_flag("--quick", experiment.quick, "One seed and fewer steps: under 2 minutes");

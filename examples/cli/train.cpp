@@ -37,7 +37,7 @@ nlohmann::json config_json(const TrainOptions& o) {
   return {{"task", o.task}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
           {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
           {"checkpoint_every", o.checkpoint_every}, {"threads", o.threads}, {"blas", o.blas},
-          {"model", nlohmann::json::parse(nn::to_json(o.model))}};
+          {"model", nlohmann::json::parse(nn::to_json(o.model))}, {"tokens", token_names(*make_task(o.task))}};
 }
 
 template <class... Args>
@@ -160,6 +160,9 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   if (r.has("threads")) o.threads = r.count("threads", 1, max_threads);
   if (r.has("blas")) o.blas = r.text("blas");
   o.model = nn::parse_transformer_config(r.at("model").dump(), file, "model.");
+  // The task's token names, which inspect shows: absent from runs written before they were recorded.
+  if (r.has("tokens") && r.at("tokens") != nlohmann::json(token_names(*make_task(task))))
+    r.fail_at("tokens", "are not the {} task's tokens ({})", task, nlohmann::json(token_names(*make_task(task))).dump());
   r.only(config_json(o));
   try {
     check_options(o);  // not the memory: a run trained elsewhere may still load here
@@ -169,11 +172,17 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   return o;
 }
 
-double task_target(const std::string& task) { return task == "induction" ? 0.95 : 0.99; }
+double task_target(const std::string& task) { return task_spec(task).target; }
+
+std::vector<std::string> token_names(const Task& task) {
+  std::vector<std::string> names;
+  for (std::size_t t = 0; t < task.info().vocab_size; ++t) names.push_back(task.token_name(std::int64_t(t)));
+  return names;
+}
 
 TrainOptions default_options(const std::string& task_name) {
-  const auto task = make_task(task_name);
-  const TaskInfo& info = task->info();
+  const TaskSpec& spec = task_spec(task_name);
+  const TaskInfo info = spec.make()->info();
   TrainOptions o;
   o.task = task_name;
   o.model.vocab_size = info.vocab_size;
@@ -181,19 +190,7 @@ TrainOptions default_options(const std::string& task_name) {
   o.model.max_len = info.max_len;
   o.model.readout = info.readout;
   o.model.causal = info.causal;
-  if (task_name == "brackets") {
-    o.lr = 1e-2;  // 3e-3 leaves some seeds short of 99% after 2,000 steps
-  } else if (task_name == "rps") {
-    o.model.layers = 1;
-    o.model.heads = 1;
-    o.model.d_model = 32;
-    o.steps = 1500;
-  } else if (task_name == "induction") {
-    o.model.layers = 2;
-    o.model.heads = 2;
-    o.model.d_model = 32;
-    o.steps = 1500;
-  }
+  spec.defaults(o);
   return o;
 }
 

@@ -77,7 +77,7 @@ TrainOptions read_config(const std::string& dir);
 // The same from the text of a config.json; `file` names it in messages.
 TrainOptions parse_config(std::string_view text, const std::string& file);
 
-// The defaults of each task, with which `qkv train TASK` reaches the task's target.
+// The defaults of each task (its TaskSpec's), with which `qkv train TASK` reaches its target.
 TrainOptions default_options(const std::string& task);
 
 struct TrainResult {
@@ -88,8 +88,10 @@ struct TrainResult {
   std::optional<std::size_t> steps_to_target;  // with TrainOptions::target_every
 };
 
-// The accuracy each task's defaults must reach on held-out sequences: 0.99, 0.99, 0.95.
+// The accuracy the task's defaults must reach on held-out sequences (its TaskSpec's target).
 double task_target(const std::string& task);
+// The name of each token id of the task, as config.json records them.
+std::vector<std::string> token_names(const Task& task);
 
 // Trains, writes OUT/config.json, OUT/metrics.jsonl and checkpoints (see checkpoint.hpp), and shows
 // progress on `progress` (an in-place line when `tty`, else a line per log step). A resumed run

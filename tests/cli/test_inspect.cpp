@@ -107,8 +107,8 @@ TEST_CASE("inspect: token QK table, attention, score asymmetry and opener weight
         }
       }
       // Openers of the closers at 3, 5 and 6: positions 2, 4 and 1.
-      REQUIRE(hi.opener_attention);
-      CHECK(*hi.opener_attention == Approx((hi.attention(3, 2) + hi.attention(5, 4) + hi.attention(6, 1)) / 3));
+      REQUIRE(hi.target_attention);
+      CHECK(*hi.target_attention == Approx((hi.attention(3, 2) + hi.attention(5, 4) + hi.attention(6, 1)) / 3));
       CHECK(hi.score_asymmetry > 0);
       CHECK(hi.score_asymmetry <= 2);
       CHECK(hi.qk_spectrum.rank <= d_head);
@@ -133,7 +133,7 @@ TEST_CASE("inspect: a bidirectional model's score asymmetry is that of its own s
     const Inspection in = inspect(model, task, input);
     const HeadInspection& h = in.layers[0][0];
     CHECK(h.score_asymmetry == Approx(nn::antisymmetry(h.scores)).epsilon(1e-12));
-    CHECK_FALSE(h.opener_attention);
+    CHECK_FALSE(h.target_attention);
     if (qk == nn::QK::tied) {
       CHECK(h.score_asymmetry < 1e-6);  // q = k for every token: S = Sᵀ up to float32 rounding
       CHECK(std::abs(h.sigma - 1) < 1e-12);

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "examples/cli/tasks/tasks.hpp"
+#include "examples/cli/train.hpp"
 
 using namespace qkv;
 using namespace qkv::cli;
@@ -158,4 +159,35 @@ TEST_CASE("token names label every token of each task") {
   CHECK(rps.token_name(23) == "Sh");
   const InductionTask induction;
   CHECK(induction.token_name(17) == "17");
+}
+
+TEST_CASE("every registered task is whole: its generator, defaults that pass the checks, a target and budgets") {
+  CHECK(task_names() == std::vector<std::string>{"brackets", "rps", "induction"});
+  for (const TaskSpec& spec : task_registry()) {
+    INFO(spec.name);
+    const auto task = spec.make();
+    CHECK(task->info().name == spec.name);
+    const TrainOptions o = default_options(spec.name);
+    CHECK_NOTHROW(check_options(o));
+    CHECK(o.model.vocab_size == task->info().vocab_size);
+    CHECK(o.model.readout == task->info().readout);
+    CHECK(spec.target > 0.5);
+    CHECK(spec.target <= 1.0);
+    CHECK(spec.quick_steps > 0);
+    CHECK(spec.quick_steps <= spec.experiment_steps);
+    CHECK(bool(spec.make_longer) == !spec.longer_lengths.empty());
+    if (spec.make_longer) CHECK(spec.make_longer()->info().max_len > task->info().max_len);
+    CHECK(token_names(*task).size() == task->info().vocab_size);
+  }
+  CHECK(default_options("rps").model.layers == 1);
+  CHECK(default_options("brackets").lr == 1e-2);
+  CHECK(task_target("induction") == 0.95);
+}
+
+TEST_CASE("a pointer task's targets on an input: brackets point each closer at its opener") {
+  const auto& spec = task_spec("brackets");
+  const auto task = spec.make();
+  CHECK(task->pointer_targets(task->encode("([])")) == std::vector<std::int64_t>{-100, -100, -100, 2, 1});
+  CHECK_FALSE(task->pointer_targets(task->encode("(]")));
+  CHECK_FALSE(make_task("rps")->pointer_targets({0, 9, 17}));
 }

@@ -1,6 +1,7 @@
 #include <sstream>
 
 #include "examples/cli/tasks/tasks.hpp"
+#include "examples/cli/train.hpp"
 
 namespace qkv::cli {
 
@@ -54,5 +55,20 @@ std::vector<std::int64_t> InductionTask::encode(const std::string& text) const {
 }
 
 std::string InductionTask::token_name(std::int64_t token) const { return std::to_string(token); }
+
+TaskSpec induction_task() {
+  return {.name = "induction",
+          .make = [] { return std::make_unique<InductionTask>(); },
+          .defaults =
+              [](TrainOptions& o) {
+                o.model.layers = 2;
+                o.model.heads = 2;
+                o.model.d_model = 32;
+                o.steps = 1500;
+              },
+          .target = 0.95,
+          .experiment_steps = 1000,
+          .quick_steps = 250};
+}
 
 }  // namespace qkv::cli

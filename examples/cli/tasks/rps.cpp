@@ -2,6 +2,8 @@
 #include <sstream>
 
 #include "examples/cli/tasks/tasks.hpp"
+#include "examples/cli/train.hpp"
+#include "qkv/core/autograd.hpp"
 
 namespace qkv::cli {
 
@@ -66,5 +68,64 @@ std::vector<std::int64_t> RpsTask::encode(const std::string& text) const {
 }
 
 std::string RpsTask::token_name(std::int64_t token) const { return decode({token}); }
+
+// Two kinds of score can put the beater on top for at most two of a sequence's three queries, so
+// their largest share is at most 2/3, exactly:
+// - symmetric scores (tied or identity heads), since the three wins would need
+//   s(R,P) > s(R,S) = s(S,R) > s(S,P) = s(P,S) > s(P,R) = s(R,P);
+// - rank-1 scores (d_head = 1), s(i,j) = q_i·k_j with scalars q and k: a query's highest score
+//   falls on the item of largest k (q > 0) or of smallest k (q < 0), so two of the three items
+//   are ever top, and three queries need three different ones.
+// A sequence at 3/3 under either is a bug. (Accuracy itself can pass 2/3: the readout of a soft
+// mixture of payloads can still land on the right one.)
+RpsTask::BeaterRanking RpsTask::beater_ranking(const nn::Transformer& m, std::uint64_t seed) {
+  const RpsTask three(3, 3);
+  Generator gen(seed ^ 0x3c7c1eULL);
+  const Batch batch = three.sample(512, gen);
+  NoGradGuard no_grad;
+  const Array<double> s = m.forward(batch.tokens, true).attention.back().scores.to(DType::float64).value<double>();
+  double total = 0, worst = 0;
+  for (std::size_t b = 0; b < batch.tokens.shape()[0]; ++b) {
+    std::size_t at[3];  // the position of each symbol
+    for (std::size_t t = 0; t < 3; ++t) at[batch.tokens(b, t) / n_payloads] = t;
+    double right = 0;
+    for (std::size_t sym = 0; sym < 3; ++sym) {  // sym + 1 beats sym; sym + 2 is beaten by it
+      const std::size_t i = at[sym];
+      const double beater = s(b, 0, i, at[(sym + 1) % 3]);
+      right += beater > s(b, 0, i, at[(sym + 2) % 3]) && beater > s(b, 0, i, i) ? 1 : 0;
+    }
+    total += right / 3;
+    worst = std::max(worst, right / 3);
+  }
+  return {total / double(batch.tokens.shape()[0]), worst};
+}
+
+TaskSpec rps_task() {
+  return {.name = "rps",
+          .make = [] { return std::make_unique<RpsTask>(); },
+          .defaults =
+              [](TrainOptions& o) {
+                o.model.layers = 1;
+                o.model.heads = 1;
+                o.model.d_model = 32;
+                o.steps = 1500;
+              },
+          .target = 0.99,
+          .experiment_steps = 800,
+          .quick_steps = 300,
+          .probe =
+              [](const nn::Transformer& model, std::uint64_t seed) {
+                const RpsTask::BeaterRanking r = RpsTask::beater_ranking(model, seed);
+                Probe p{.values = {{"beater_top", r.mean}, {"beater_top_max", r.max}}, .violations = {}};
+                const nn::TransformerConfig& c = model.config();
+                const std::size_t d_head = c.d_head ? c.d_head : c.d_model / c.heads;
+                const bool bounded = c.qk == nn::QK::tied || c.proj == nn::Projection::identity || d_head == 1;
+                if (bounded && r.max > 2.0 / 3 + 1e-9)
+                  p.violations.push_back("a symmetric or rank-1 score put every beater on top in a sequence, which it "
+                                         "cannot: a bug");
+                return p;
+              },
+          .probe_columns = {{"beater_top", "beater scored top (3 items)", "{:.3f}"}}};
+}
 
 }  // namespace qkv::cli

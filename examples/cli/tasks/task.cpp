@@ -1,9 +1,9 @@
 #include "examples/cli/tasks/task.hpp"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
-#include "examples/cli/tasks/tasks.hpp"
+#include "examples/cli/registry.hpp"
+
 
 namespace qkv::cli {
 
@@ -40,13 +40,10 @@ Metrics score(const IndexArray& predictions, const Batch& batch) {
   return m;
 }
 
-std::vector<std::string> task_names() { return {"brackets", "rps", "induction"}; }
+std::vector<std::string> task_names() { return names_of(task_registry()); }
 
-std::unique_ptr<Task> make_task(const std::string& name) {
-  if (name == "brackets") return std::make_unique<BracketsTask>();
-  if (name == "rps") return std::make_unique<RpsTask>();
-  if (name == "induction") return std::make_unique<InductionTask>();
-  fail("task", "unknown task '{}' (known: {})", name, fmt::join(task_names(), ", "));
-}
+const TaskSpec& task_spec(const std::string& name) { return find_spec(task_registry(), name, "task"); }
+
+std::unique_ptr<Task> make_task(const std::string& name) { return task_spec(name).make(); }
 
 }  // namespace qkv::cli

@@ -1,12 +1,15 @@
 #pragma once
-// A toy task: a seeded batch generator plus an accuracy measure.
+// A toy task: a seeded batch generator plus an accuracy measure; and the registry of tasks the
+// program knows, one TaskSpec each (tasks/registry.cpp).
 //
 // Every task turns a sequence into tokens (B, T) and a target per position (B, T), with -100
 // where nothing is scored (padding, openers, the first copy, ...). What a target means depends
 // on the readout: for `pointer` tasks it is the index of the key position the model must attend
 // to (brackets: a closer's opener); for `token` tasks it is a class the task head must predict.
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,10 +61,54 @@ class Task {
   virtual std::vector<std::int64_t> encode(const std::string& text) const = 0;
   // A short label for one token id, for tables and plots ("BOS", "(", "Ra", "17").
   virtual std::string token_name(std::int64_t token) const = 0;
+  // For a pointer task, the key position each position of `tokens` points at (ignore_target where
+  // none), as a batch's targets are; none when the input is not one the task would generate.
+  virtual std::optional<std::vector<std::int64_t>> pointer_targets(const std::vector<std::int64_t>& tokens) const {
+    (void)tokens;
+    return std::nullopt;
+  }
 };
 
+struct TrainOptions;  // train.hpp
+
+// A column of a results table: a run's value `key`, printed with `format` under `header`.
+struct Column {
+  std::string key, header, format;
+};
+
+// What a task measures beyond accuracy, on a trained (or initial) model: named values, and any
+// bound the measurement proves broken (a bug).
+struct Probe {
+  std::vector<std::pair<std::string, double>> values;
+  std::vector<std::string> violations;
+};
+
+// Everything the program knows about a task. One per task, in its own file, listed once in
+// tasks/registry.cpp; nothing else names a task.
+struct TaskSpec {
+  std::string name;
+  std::function<std::unique_ptr<Task>()> make;  // the task with its default lengths
+  // Model and training settings of `qkv train NAME`, beyond the vocabulary, readout and mask
+  // that the task's info sets; with them the task reaches `target` accuracy on held-out sequences.
+  std::function<void(TrainOptions&)> defaults = [](TrainOptions&) {};
+  double target = 0.99;
+  std::size_t experiment_steps = 1000, quick_steps = 300;  // of each run in `qkv experiment`
+  // Longer sequences than training's, which `qkv eval` also scores when the model has the
+  // positions for them ("26-40"); none when the task has no such lengths.
+  std::string longer_lengths{};
+  std::function<std::unique_ptr<Task>()> make_longer{};
+  // What a pointer target is called in reports: "weight on opener".
+  std::string target_name = "target";
+  // Extra measurements for `qkv experiment`, and the columns of them its tables show.
+  std::function<Probe(const nn::Transformer& model, std::uint64_t seed)> probe{};
+  std::vector<Column> probe_columns{};
+};
+
+// Every registered task, in the order `qkv tasks` lists them.
+const std::vector<TaskSpec>& task_registry();
 std::vector<std::string> task_names();
 // Throws std::invalid_argument naming the task and listing the known ones.
+const TaskSpec& task_spec(const std::string& name);
 std::unique_ptr<Task> make_task(const std::string& name);
 
 }  // namespace qkv::cli

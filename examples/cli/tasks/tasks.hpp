@@ -1,5 +1,6 @@
 #pragma once
-// The three tasks. Their texts: brackets "([])[]", rps "Ra Pb Sc Ra" (symbol and payload
+// The built-in tasks' classes, for their tests and their own files (the program reaches them
+// through the registry, task.hpp). Their texts: brackets "([])[]", rps "Ra Pb Sc Ra" (symbol and payload
 // letters), induction "3 17 5 3 17 5" (token numbers).
 #include "examples/cli/tasks/task.hpp"
 
@@ -17,6 +18,7 @@ class BracketsTask : public Task {
   std::string decode(const std::vector<std::int64_t>& tokens) const override;
   std::vector<std::int64_t> encode(const std::string& text) const override;
   std::string token_name(std::int64_t token) const override;
+  std::optional<std::vector<std::int64_t>> pointer_targets(const std::vector<std::int64_t>& tokens) const override;
   // The opener positions of a token row, -100 elsewhere; throws if the brackets do not match.
   static std::vector<std::int64_t> matching_openers(const std::vector<std::int64_t>& tokens);
 
@@ -42,6 +44,14 @@ class RpsTask : public Task {
   std::string token_name(std::int64_t token) const override;
 
   static constexpr std::int64_t n_payloads = 8;
+
+  // On sequences of three items, one of each symbol: the share of queries whose readout score
+  // (before softmax) is highest for the item of the symbol that beats theirs, and the largest
+  // such share in any one sequence. Symmetric and rank-1 scores cannot exceed 2/3 (see rps.cpp).
+  struct BeaterRanking {
+    double mean = 0, max = 0;
+  };
+  static BeaterRanking beater_ranking(const nn::Transformer& model, std::uint64_t seed);
 
  private:
   std::size_t min_len_, max_len_;
