@@ -86,7 +86,7 @@ void replace_folder(const std::string& dir, const std::string& replacement);
 //   adam.load_state_dict(c.optimizer.tensors);
 struct CheckpointInfo {
   std::size_t step = 0;
-  std::map<std::string, std::string> metadata;  // "step" is the checkpoint's own
+  std::map<std::string, std::string> metadata{};  // "step" is the checkpoint's own
 };
 
 // Writes and commits DIR/checkpoint-STEP (commit_checkpoint).
