@@ -121,8 +121,8 @@ T* scratch(std::size_t n) {
 template <class F>
 void for_each_head(const Layout& L, F&& f) {
   const std::size_t n = L.B * L.Hkv, runs = std::min(n, 16 * get_num_threads());
-  detail::parallel_for(runs, [&](std::size_t r) {
-    for (std::size_t t = r * n / runs; t < (r + 1) * n / runs; ++t) f(t / L.Hkv, t % L.Hkv);
+  detail::parallel_ranges(n, (n + runs - 1) / std::max<std::size_t>(runs, 1), [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t t = lo; t < hi; ++t) f(t / L.Hkv, t % L.Hkv);
   });
 }
 

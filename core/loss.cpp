@@ -12,14 +12,7 @@
 namespace qkv {
 
 namespace {
-
-// Runs f(lo, hi) over blocks of the rows [0, n), across the pool's threads.
-template <class F>
-void for_each_row_block(std::size_t n, F&& f) {
-  constexpr std::size_t block = 256;
-  detail::parallel_for((n + block - 1) / block, [&](std::size_t b) { f(b * block, std::min(n, (b + 1) * block)); });
-}
-
+constexpr std::size_t row_block = 256;  // rows per task of the pool's
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index) {
@@ -48,7 +41,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     const std::int64_t* t = targets.data();
     std::vector<T> max(N), log_sum(N), term(N);
     std::vector<T> shifted(N * C);  // x − max of its row, then its exp
-    for_each_row_block(N, [&](std::size_t lo, std::size_t hi) {
+    detail::parallel_ranges(N, row_block, [&](std::size_t lo, std::size_t hi) {
       for (std::size_t i = lo; i < hi; ++i) {
         const T* row = x + i * C;
         const T m = C ? *std::max_element(row, row + C) : T(0);
@@ -77,7 +70,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
       const T scale = ctx.grad()() / T(count);
       const T* x = logits.value<T>().data();
       const std::int64_t* t = targets.data();
-      for_each_row_block(targets.size(), [&](std::size_t lo, std::size_t hi) {
+      detail::parallel_ranges(targets.size(), row_block, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t i = lo; i < hi; ++i)
           for (std::size_t c = 0; c < C; ++c) g.data()[i * C + c] = (x[i * C + c] - max[i]) - log_sum[i];
         detail::exp_in_place(g.data() + lo * C, (hi - lo) * C);

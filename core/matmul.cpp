@@ -57,16 +57,11 @@ Plan plan_for(const Shape& sa, const Shape& sb) {
   p.k = sa.back();
   p.m = sb.back();
   const Shape batch_a(sa.begin(), sa.end() - 2), batch_b(sb.begin(), sb.end() - 2);
-  const std::size_t ndim = std::max(batch_a.size(), batch_b.size());
-  p.batch.resize(ndim);
-  for (std::size_t i = 0; i < ndim; ++i) {
-    const std::size_t da = i < ndim - batch_a.size() ? 1 : batch_a[i - (ndim - batch_a.size())];
-    const std::size_t db = i < ndim - batch_b.size() ? 1 : batch_b[i - (ndim - batch_b.size())];
-    if (da != db && da != 1 && db != 1)
-      fail("matmul", "{} @ {}: batch dimensions {} and {} cannot broadcast", to_string(sa), to_string(sb),
-           to_string(batch_a), to_string(batch_b));
-    p.batch[i] = da == 1 ? db : da;
-  }
+  const auto batch = try_broadcast_shapes(batch_a, batch_b);
+  if (!batch)
+    fail("matmul", "{} @ {}: batch dimensions {} and {} cannot broadcast", to_string(sa), to_string(sb),
+         to_string(batch_a), to_string(batch_b));
+  p.batch = *batch;
   p.fold = numel(batch_b) == 1;
   if (!p.fold) {
     p.a_off = batch_offsets(batch_a, p.batch, p.n * p.k);
@@ -173,9 +168,8 @@ constexpr std::size_t block_rows = 64, slab_rows = 256;
 // Runs f(slab, first row, rows) for every block of [0, N), slab by slab across the pool.
 template <class F>
 void for_each_block(std::size_t N, F&& f) {
-  detail::parallel_for((N + slab_rows - 1) / slab_rows, [&](std::size_t s) {
-    for (std::size_t lo = s * slab_rows; lo < std::min(N, (s + 1) * slab_rows); lo += block_rows)
-      f(s, lo, std::min(block_rows, N - lo));
+  detail::parallel_ranges(N, slab_rows, [&](std::size_t first, std::size_t end) {
+    for (std::size_t lo = first; lo < end; lo += block_rows) f(first / slab_rows, lo, std::min(block_rows, end - lo));
   });
 }
 

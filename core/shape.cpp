@@ -23,19 +23,31 @@ std::size_t numel(const Shape& shape) {
   return n;
 }
 
-Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b) {
+namespace {
+
+// Dimension i of `s` aligned from the right in `ndim` dimensions, as numpy does: 1 before its start.
+std::size_t aligned(const Shape& s, std::size_t ndim, std::size_t i) { return i < ndim - s.size() ? 1 : s[i - (ndim - s.size())]; }
+
+}  // namespace
+
+std::optional<Shape> try_broadcast_shapes(const Shape& a, const Shape& b) {
   const std::size_t ndim = std::max(a.size(), b.size());
   Shape out(ndim);
   for (std::size_t i = 0; i < ndim; ++i) {
-    // Align from the right, as numpy does.
-    const std::size_t da = i < ndim - a.size() ? 1 : a[i - (ndim - a.size())];
-    const std::size_t db = i < ndim - b.size() ? 1 : b[i - (ndim - b.size())];
-    if (da != db && da != 1 && db != 1)
-      fail(op, "shapes {} and {} cannot broadcast (dimension {} is {} and {})", to_string(a),
-           to_string(b), i, da, db);
+    const std::size_t da = aligned(a, ndim, i), db = aligned(b, ndim, i);
+    if (da != db && da != 1 && db != 1) return std::nullopt;
     out[i] = da == 1 ? db : da;
   }
   return out;
+}
+
+Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b) {
+  if (auto out = try_broadcast_shapes(a, b)) return *out;
+  const std::size_t ndim = std::max(a.size(), b.size());
+  std::size_t i = 0;  // the first dimension at fault
+  while (aligned(a, ndim, i) == aligned(b, ndim, i) || aligned(a, ndim, i) == 1 || aligned(b, ndim, i) == 1) ++i;
+  fail(op, "shapes {} and {} cannot broadcast (dimension {} is {} and {})", to_string(a), to_string(b), i,
+       aligned(a, ndim, i), aligned(b, ndim, i));
 }
 
 std::size_t normalize_axis(std::string_view op, std::int64_t axis, std::size_t ndim) {

@@ -26,7 +26,9 @@ Shape to_shape(const S& s) { return Shape(s.begin(), s.end()); }
 
 std::size_t numel(const Shape& shape);
 
-// The numpy broadcast of two shapes; throws naming `op` when they do not broadcast.
+// The numpy broadcast of two shapes (the one rule every op follows); none, or a throw naming `op`,
+// when they do not broadcast.
+std::optional<Shape> try_broadcast_shapes(const Shape& a, const Shape& b);
 Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b);
 
 // Maps a Python-style axis (negative counts from the end) into [0, ndim); throws naming `op`.

@@ -83,12 +83,7 @@ MaskArray allowed_keys(const AttentionMask& mask, std::size_t B, std::size_t H, 
   }
   if (allowed) {
     const Shape sa = to_shape(mask.allowed.shape());
-    const bool fits = sa.size() <= 4 && [&] {
-      for (std::size_t d = 0; d < sa.size(); ++d)
-        if (sa[d] != 1 && sa[d] != full[d + 4 - sa.size()]) return false;
-      return true;
-    }();
-    if (!fits)
+    if (try_broadcast_shapes(sa, full) != full)
       fail(who, "mask of shape {} does not broadcast to (B, H, Tq, Tk) = {}", to_string(sa), to_string(full));
     ok = ok && xt::broadcast(mask.allowed, full);
   }

@@ -1,5 +1,6 @@
 #pragma once
 // Matrix products and the thread pool, for core's op .cpp files.
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 
@@ -43,5 +44,15 @@ void transpose(const T* src, std::size_t rows, std::size_t cols, std::size_t ld,
 // are done; the first exception a task throws is rethrown here. Inside a task, a nested
 // parallel_for runs serially on that thread.
 void parallel_for(std::size_t n, const std::function<void(std::size_t)>& task);
+// Whether the calling thread is running a task of parallel_for's (nested work then runs serially).
+bool in_parallel_task();
+
+// Runs f(lo, hi) for the consecutive ranges of at most `block` items that tile [0, n), across the
+// pool: rows of a loss, slabs of a layer's rows, runs of attention heads.
+template <class F>
+void parallel_ranges(std::size_t n, std::size_t block, F&& f) {
+  if (n == 0) return;
+  parallel_for((n + block - 1) / block, [&](std::size_t i) { f(i * block, std::min(n, (i + 1) * block)); });
+}
 
 }  // namespace qkv::detail
