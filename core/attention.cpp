@@ -53,36 +53,22 @@ void limits_of(const Layout& L, std::size_t i0, std::int32_t* limits) {
 
 // Raw scores Sᵀ = K Qᵀ (Tk rows of ld) become weights Pᵀ in place: each query's column the
 // softmax of scale · its scores over the keys it may see, exactly zero elsewhere, and all zero
-// when it sees nothing.
+// when it sees nothing. An arbitrary mask makes its hidden scores −inf first (scaled before, so
+// that no scale multiplies an infinity).
 template <class T>
 void softmax_columns(T* S, std::size_t ld, const Layout& L, std::size_t b, std::size_t h, T scale) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (!L.allowed) {  // the common case, vectorised
-      std::int32_t limits[detail::softmax_lanes];
-      for (std::size_t i0 = 0; i0 < L.Tq; i0 += detail::softmax_lanes) {
-        limits_of(L, i0, limits);
-        detail::softmax_columns(S + i0, ld, L.Tk, limits, scale);
-      }
-      return;
+  if (L.allowed) {
+    for (std::size_t i = 0; i < L.Tq; ++i) {
+      const bool* ok = L.allowed_row(b, h, i);
+      for (std::size_t j = 0; j < L.limit(i); ++j)
+        S[j * ld + i] = ok[j] ? S[j * ld + i] * scale : -std::numeric_limits<T>::infinity();
     }
+    scale = 1;
   }
-  for (std::size_t i = 0; i < L.Tq; ++i) {
-    const std::size_t n = L.limit(i);
-    const bool* ok = L.allowed_row(b, h, i);
-    T m = -std::numeric_limits<T>::infinity();
-    for (std::size_t j = 0; j < n; ++j) {
-      S[j * ld + i] *= scale;
-      if (!ok || ok[j]) m = std::max(m, S[j * ld + i]);
-    }
-    T total = 0;
-    for (std::size_t j = 0; j < n; ++j) {
-      const T e = (m != -std::numeric_limits<T>::infinity() && (!ok || ok[j])) ? std::exp(S[j * ld + i] - m) : T(0);
-      S[j * ld + i] = e;
-      total += e;
-    }
-    const T inv = total > 0 ? T(1) / total : T(0);  // nothing visible (or every score -inf): zeros
-    for (std::size_t j = 0; j < n; ++j) S[j * ld + i] *= inv;
-    for (std::size_t j = n; j < L.Tk; ++j) S[j * ld + i] = T(0);
+  std::int32_t limits[detail::softmax_lanes];
+  for (std::size_t i0 = 0; i0 < L.Tq; i0 += detail::softmax_lanes) {
+    limits_of(L, i0, limits);
+    detail::softmax_columns(S + i0, ld, L.Tk, limits, scale);
   }
 }
 
@@ -90,20 +76,10 @@ void softmax_columns(T* S, std::size_t ld, const Layout& L, std::size_t b, std::
 // causal limit; zero beyond it. Masked keys have P = 0, so their dS is 0.
 template <class T>
 void softmax_backward_columns(const T* P, T* dS, std::size_t ld, const Layout& L, T scale) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::int32_t limits[detail::softmax_lanes];
-    for (std::size_t i0 = 0; i0 < L.Tq; i0 += detail::softmax_lanes) {
-      limits_of(L, i0, limits);
-      detail::softmax_backward_columns(P + i0, dS + i0, ld, L.Tk, limits, scale);
-    }
-    return;
-  }
-  for (std::size_t i = 0; i < L.Tq; ++i) {
-    const std::size_t n = L.limit(i);
-    T c = 0;
-    for (std::size_t j = 0; j < n; ++j) c += P[j * ld + i] * dS[j * ld + i];
-    for (std::size_t j = 0; j < n; ++j) dS[j * ld + i] = scale * (P[j * ld + i] * (dS[j * ld + i] - c));
-    for (std::size_t j = n; j < L.Tk; ++j) dS[j * ld + i] = T(0);
+  std::int32_t limits[detail::softmax_lanes];
+  for (std::size_t i0 = 0; i0 < L.Tq; i0 += detail::softmax_lanes) {
+    limits_of(L, i0, limits);
+    detail::softmax_backward_columns(P + i0, dS + i0, ld, L.Tk, limits, scale);
   }
 }
 

@@ -114,6 +114,35 @@ QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t l
   for (std::size_t j = used; j < rows; ++j) store(d + j * ld, zero);
 }
 
+// float64, for gradient checks: the same steps column by column, with std::exp.
+void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale) {
+  for (std::size_t c = 0; c < lanes; ++c) {
+    const std::size_t n = std::min<std::size_t>(rows, std::size_t(std::max(0, limits[c])));
+    double m = -std::numeric_limits<double>::infinity();
+    for (std::size_t j = 0; j < n; ++j) {
+      s[j * ld + c] *= scale;
+      m = std::max(m, s[j * ld + c]);
+    }
+    const double shift = m == -std::numeric_limits<double>::infinity() ? 0 : m;
+    double total = 0;
+    for (std::size_t j = 0; j < n; ++j) total += s[j * ld + c] = std::exp(s[j * ld + c] - shift);
+    const double inv = total > 0 ? 1 / total : 0;
+    for (std::size_t j = 0; j < n; ++j) s[j * ld + c] *= inv;
+    for (std::size_t j = n; j < rows; ++j) s[j * ld + c] = 0;
+  }
+}
+
+void softmax_backward_columns(const double* p, double* d, std::size_t ld, std::size_t rows,
+                              const std::int32_t* limits, double scale) {
+  for (std::size_t c = 0; c < lanes; ++c) {
+    const std::size_t n = std::min<std::size_t>(rows, std::size_t(std::max(0, limits[c])));
+    double dot = 0;
+    for (std::size_t j = 0; j < n; ++j) dot += p[j * ld + c] * d[j * ld + c];
+    for (std::size_t j = 0; j < n; ++j) d[j * ld + c] = (p[j * ld + c] * (d[j * ld + c] - dot)) * scale;
+    for (std::size_t j = n; j < rows; ++j) d[j * ld + c] = 0;
+  }
+}
+
 namespace {
 
 // The plain loops below serve float32 and float64 alike; the compiler vectorises each clone.

@@ -1,11 +1,15 @@
 // softmax and log_softmax along an axis (max-subtracted), and masked_fill.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <vector>
 
 #include <xtensor/xmath.hpp>
 #include <xtensor/xreducer.hpp>
 #include <xtensor/xsort.hpp>
 
+#include "qkv/core/detail/kernels.hpp"
 #include "qkv/core/detail/op.hpp"
 #include "qkv/core/ops.hpp"
 
@@ -35,21 +39,58 @@ Shifted<T> shifted(const Array<T>& x, std::size_t axis) {
   return s;
 }
 
+// The vectors along `axis` of an array, as the kernel's blocks: vector v = (o, i) (outer index o,
+// inner index i) holds x[(o·len + j)·inner + i] for j < len. Blocks of 16 vectors are copied into
+// the columns of a (len, 16) block, run through `kernel`, and copied back.
+template <class T, class F>
+void for_each_block_of_vectors(const Shape& shape, std::size_t axis, std::vector<T*> arrays, F&& kernel) {
+  const std::size_t len = shape[axis];
+  std::size_t outer = 1, inner = 1;
+  for (std::size_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (std::size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  constexpr std::size_t lanes = detail::softmax_lanes;
+  std::vector<std::vector<T>> blocks(arrays.size(), std::vector<T>(len * lanes));
+  std::size_t base[lanes];
+  for (std::size_t v0 = 0; v0 < outer * inner; v0 += lanes) {
+    const std::size_t n = std::min(lanes, outer * inner - v0);
+    std::int32_t limits[lanes] = {};
+    for (std::size_t c = 0; c < n; ++c) {
+      base[c] = (v0 + c) / inner * len * inner + (v0 + c) % inner;
+      limits[c] = std::int32_t(len);
+    }
+    for (std::size_t a = 0; a < arrays.size(); ++a)
+      for (std::size_t c = 0; c < n; ++c)
+        for (std::size_t j = 0; j < len; ++j) blocks[a][j * lanes + c] = arrays[a][base[c] + j * inner];
+    kernel(blocks, limits);
+    for (std::size_t c = 0; c < n; ++c)
+      for (std::size_t j = 0; j < len; ++j) arrays.back()[base[c] + j * inner] = blocks.back()[j * lanes + c];
+  }
+}
+
 }  // namespace
 
 Tensor softmax(const Tensor& x, std::int64_t axis) {
   check_inputs("softmax", {&x});
   const std::size_t ax = normalize_axis("softmax", axis, x.dim());
+  if (x.shape()[ax] > std::size_t(std::numeric_limits<std::int32_t>::max()))
+    fail("softmax", "a vector of {} entries along axis {} is longer than the kernel takes", x.shape()[ax], ax);
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    Shifted<T> s = shifted(x.value<T>(), ax);
-    Array<T> y = xt::where(s.sum > T(0), s.exp / s.sum, T(0));  // a fully masked row gives 0s
+    // The attention kernel's softmax (detail::softmax_columns), 16 vectors at a time; a fully
+    // masked vector (every entry −inf) gives 0s.
+    Array<T> y = x.value<T>();
+    for_each_block_of_vectors<T>(to_shape(y.shape()), ax, {y.data()}, [&](auto& blocks, const std::int32_t* limits) {
+      detail::softmax_columns(blocks[0].data(), detail::softmax_lanes, blocks[0].size() / detail::softmax_lanes,
+                              limits, T(1));
+    });
     return record_op<T>("softmax", std::move(y), {&x}, [ax](BackwardContext<T>& ctx) {
-      // forward was y = softmax(x), so dx = y ⊙ (dy − Σ_row dy ⊙ y); 0 where y is 0.
-      const auto& y = ctx.output();
-      if (y.size() == 0) return ctx.accumulate(0, Array<T>(y));
-      const Array<T> dot = xt::sum(ctx.grad() * y, std::array<std::size_t, 1>{ax}, keep);
-      ctx.accumulate(0, y * (ctx.grad() - dot));
+      // forward was y = softmax(x), so dx = y ⊙ (dy − Σ_vector dy ⊙ y); 0 where y is 0.
+      Array<T> y = ctx.output(), dx = ctx.grad();
+      for_each_block_of_vectors<T>(to_shape(y.shape()), ax, {y.data(), dx.data()}, [&](auto& blocks, const std::int32_t* limits) {
+        detail::softmax_backward_columns(blocks[0].data(), blocks[1].data(), detail::softmax_lanes,
+                                         blocks[0].size() / detail::softmax_lanes, limits, T(1));
+      });
+      ctx.accumulate(0, std::move(dx));
     }, Save::output);
   });
 }

@@ -1,5 +1,5 @@
 #pragma once
-// Vectorised loops: attention's softmax (float32), over blocks of 16 query columns of transposed
+// Vectorised loops: the softmax (float32; float64 plainly), over blocks of 16 query columns of transposed
 // scores Sᵀ (one row per key), where every operation is between whole rows of 16, with no sum or
 // maximum across lanes; e^x over an array, for cross-entropy; rows added to rows (a bias, a
 // sum); small transposes (float32 and float64). Each is compiled for AVX-512, AVX2 and the x86-64
@@ -12,14 +12,19 @@ namespace qkv::detail {
 
 constexpr std::size_t softmax_lanes = 16;
 
-// Column c of the block (s[j·ld + c] for j < rows) sees its first limits[c] entries. Each column
-// becomes the softmax of scale · its visible entries, 0 elsewhere; a column with nothing visible,
-// or only scores of −inf, becomes 0. Entries past a column's limit are read but never used.
+// The softmax kernel, for attention and the softmax op alike: 16 vectors side by side as the
+// columns of a block. Column c of the block (s[j·ld + c] for j < rows) sees its first limits[c]
+// entries. Each column becomes the softmax of scale · its visible entries, 0 elsewhere; a column
+// with nothing visible, or only scores of −inf, becomes 0. Entries past a column's limit are read
+// but never used. float32 vectorised (e^x as vector_exp), float64 column by column (std::exp).
 void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale);
+void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale);
 // Softmax backward in place of d, for p a block softmax_columns made (same ld and limits):
 // d[j, c] = scale · p[j, c] · (d[j, c] − Σ_k p[k, c] d[k, c]) over visible entries, 0 elsewhere.
 void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows, const std::int32_t* limits,
                               float scale);
+void softmax_backward_columns(const double* p, double* d, std::size_t ld, std::size_t rows,
+                              const std::int32_t* limits, double scale);
 
 // A row added to every row, and its gradient, on rows × cols row-major blocks (a linear layer's
 // bias; a sum that broadcasts; with one row, the sum of two arrays): y[i, c] = x[i, c] + b[c]

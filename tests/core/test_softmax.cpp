@@ -79,3 +79,31 @@ TEST_CASE("softmax and log_softmax of tensors with a zero dimension are empty, a
     }
   }
 }
+
+TEST_CASE("softmax of more than 16 vectors along every axis, float32 and float64, matches a plain reference") {
+  // (3, 7, 5): along axis 0 there are 35 vectors (three blocks of 16, the last part-filled), along
+  // axis 1 15, along axis 2 21; every entry is computed independently here, in long double.
+  Generator gen(4);
+  const Array<double> x = randn({3, 7, 5}, DType::float64, gen).value<double>() * 4.0;
+  for (std::size_t axis = 0; axis < 3; ++axis) {
+    INFO("axis " << axis);
+    Array<double> expected = x;
+    const std::size_t len = x.shape()[axis];
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      std::size_t idx[3] = {i / 35, i / 5 % 7, i % 5};
+      long double m = -INFINITY, total = 0;
+      for (std::size_t j = 0; j < len; ++j) {
+        idx[axis] = j;
+        m = std::max<long double>(m, x(idx[0], idx[1], idx[2]));
+      }
+      for (std::size_t j = 0; j < len; ++j) {
+        idx[axis] = j;
+        total += std::exp((long double)x(idx[0], idx[1], idx[2]) - m);
+      }
+      idx[0] = i / 35, idx[1] = i / 5 % 7, idx[2] = i % 5;
+      expected.data()[i] = double(std::exp((long double)x(idx[0], idx[1], idx[2]) - m) / total);
+    }
+    check_close(softmax(f64(x), std::int64_t(axis)), expected, 1e-15);
+    check_close(softmax(f32(xt::cast<float>(x)), std::int64_t(axis)), expected, 2e-7);
+  }
+}
