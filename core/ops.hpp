@@ -52,7 +52,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // last dimension as projections produce them: q (B, Tq, H·dh), k (B, Tk, Hkv·dh), v (B, Tk, Hkv·dv)
 // -> (B, Tq, H·dv); query head h reads kv head h / (H / Hkv) (MQA, GQA). `causal`: query i sees
 // keys 0 … Tk − Tq + i. `allowed` (B, H, Tq, Tk), true = may attend, or 0-d for none. A query
-// that may attend no key gets zeros (and passes no gradient). Backward keeps only the weights.
+// that may attend no key gets zeros (and passes no gradient). Backward keeps the weights and the
+// inputs q, k, v (not the scores).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t n_heads,
                                     std::size_t n_kv_heads, double scale, bool causal,
                                     const MaskArray& allowed = MaskArray());
