@@ -114,7 +114,7 @@ QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t l
   for (std::size_t j = used; j < rows; ++j) store(d + j * ld, zero);
 }
 
-// float64, for gradient checks: the same steps column by column, with std::exp.
+// float64: the same steps, column by column, with std::exp.
 void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale) {
   for (std::size_t c = 0; c < lanes; ++c) {
     const std::size_t n = std::min<std::size_t>(rows, std::size_t(std::max(0, limits[c])));

@@ -39,17 +39,19 @@ Shifted<T> shifted(const Array<T>& x, std::size_t axis) {
   return s;
 }
 
-// The vectors along `axis` of an array, as the kernel's blocks: vector v = (o, i) (outer index o,
-// inner index i) holds x[(o·len + j)·inner + i] for j < len. Blocks of 16 vectors are copied into
-// the columns of a (len, 16) block, run through `kernel`, and copied back.
+// The vectors along `axis` of arrays of one shape, as the kernel's blocks: vector v = (o, i) (outer
+// index o, inner index i) holds x[(o·len + j)·inner + i] for j < len. Blocks of 16 vectors of each
+// input are copied into the columns of a (len, 16) block, `kernel` runs on them, and the last
+// block is copied into `out`.
 template <class T, class F>
-void for_each_block_of_vectors(const Shape& shape, std::size_t axis, std::vector<T*> arrays, F&& kernel) {
+void for_each_block_of_vectors(const Shape& shape, std::size_t axis, const std::vector<const T*>& in, T* out,
+                               F&& kernel) {
   const std::size_t len = shape[axis];
   std::size_t outer = 1, inner = 1;
   for (std::size_t d = 0; d < axis; ++d) outer *= shape[d];
   for (std::size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
   constexpr std::size_t lanes = detail::softmax_lanes;
-  std::vector<std::vector<T>> blocks(arrays.size(), std::vector<T>(len * lanes));
+  std::vector<std::vector<T>> blocks(in.size(), std::vector<T>(len * lanes));
   std::size_t base[lanes];
   for (std::size_t v0 = 0; v0 < outer * inner; v0 += lanes) {
     const std::size_t n = std::min(lanes, outer * inner - v0);
@@ -58,12 +60,12 @@ void for_each_block_of_vectors(const Shape& shape, std::size_t axis, std::vector
       base[c] = (v0 + c) / inner * len * inner + (v0 + c) % inner;
       limits[c] = std::int32_t(len);
     }
-    for (std::size_t a = 0; a < arrays.size(); ++a)
+    for (std::size_t a = 0; a < in.size(); ++a)
       for (std::size_t c = 0; c < n; ++c)
-        for (std::size_t j = 0; j < len; ++j) blocks[a][j * lanes + c] = arrays[a][base[c] + j * inner];
+        for (std::size_t j = 0; j < len; ++j) blocks[a][j * lanes + c] = in[a][base[c] + j * inner];
     kernel(blocks, limits);
     for (std::size_t c = 0; c < n; ++c)
-      for (std::size_t j = 0; j < len; ++j) arrays.back()[base[c] + j * inner] = blocks.back()[j * lanes + c];
+      for (std::size_t j = 0; j < len; ++j) out[base[c] + j * inner] = blocks.back()[j * lanes + c];
   }
 }
 
@@ -78,15 +80,18 @@ Tensor softmax(const Tensor& x, std::int64_t axis) {
     using T = decltype(t);
     // The attention kernel's softmax (detail::softmax_columns), 16 vectors at a time; a fully
     // masked vector (every entry −inf) gives 0s.
-    Array<T> y = x.value<T>();
-    for_each_block_of_vectors<T>(to_shape(y.shape()), ax, {y.data()}, [&](auto& blocks, const std::int32_t* limits) {
+    const Shape shape = x.shape();
+    Array<T> y = Array<T>::from_shape(shape);
+    for_each_block_of_vectors<T>(shape, ax, {x.value<T>().data()}, y.data(), [](auto& blocks, const std::int32_t* limits) {
       detail::softmax_columns(blocks[0].data(), detail::softmax_lanes, blocks[0].size() / detail::softmax_lanes,
                               limits, T(1));
     });
     return record_op<T>("softmax", std::move(y), {&x}, [ax](BackwardContext<T>& ctx) {
       // forward was y = softmax(x), so dx = y ⊙ (dy − Σ_vector dy ⊙ y); 0 where y is 0.
-      Array<T> y = ctx.output(), dx = ctx.grad();
-      for_each_block_of_vectors<T>(to_shape(y.shape()), ax, {y.data(), dx.data()}, [&](auto& blocks, const std::int32_t* limits) {
+      const Shape shape = to_shape(ctx.output().shape());
+      Array<T> dx = Array<T>::from_shape(shape);
+      for_each_block_of_vectors<T>(shape, ax, {ctx.output().data(), ctx.grad().data()}, dx.data(),
+                                   [](auto& blocks, const std::int32_t* limits) {
         detail::softmax_backward_columns(blocks[0].data(), blocks[1].data(), detail::softmax_lanes,
                                          blocks[0].size() / detail::softmax_lanes, limits, T(1));
       });

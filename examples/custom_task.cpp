@@ -61,6 +61,10 @@ int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1]
                                    : (std::filesystem::temp_directory_path() /
                                       ("qkv_custom_task_" + std::to_string(::getpid()))).string();
+  if (std::filesystem::exists(dir + "/config.json")) {  // a run is never overwritten
+    std::fprintf(stderr, "custom_task: %s holds a run already; give a new folder\n", dir.c_str());
+    return 2;
+  }
   const nn::TransformerConfig config{.vocab_size = n * tags, .n_classes = tags, .max_len = n, .causal = false,
                                      .layers = 1, .d_model = 16, .heads = 1};
   Generator gen(0);

@@ -31,9 +31,9 @@ MultiHeadAttentionOptions resolve(MultiHeadAttentionOptions o) {
   if (o.kdim == 0) o.kdim = o.d_model;
   if (o.vdim == 0) o.vdim = o.d_model;
   if (o.scale && !std::isfinite(*o.scale)) fail(who, "scale must be finite, got {}", *o.scale);
-  if (o.qk == QK::tied && (o.n_kv_heads != o.n_heads || o.kdim != o.d_model))
-    fail(who, "qk=tied needs n_kv_heads = n_heads and kdim = d_model (got n_kv_heads {}, n_heads {}, kdim {}, d_model {})",
-         o.n_kv_heads, o.n_heads, o.kdim, o.d_model);
+  if (o.qk != QK::untied && (o.n_kv_heads != o.n_heads || o.kdim != o.d_model))
+    fail(who, "qk={} needs n_kv_heads = n_heads and kdim = d_model (got n_kv_heads {}, n_heads {}, kdim {}, d_model {})",
+         o.qk == QK::tied ? "tied" : "symmetric", o.n_kv_heads, o.n_heads, o.kdim, o.d_model);
   if (o.proj == Projection::identity) {
     if (o.d_head * o.n_heads != o.d_model)
       fail(who, "proj=identity needs d_head·n_heads = d_model, got {}·{} = {} and d_model {}", o.d_head, o.n_heads,
@@ -154,13 +154,18 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   const auto& o = options_;
   check_input("input x", x, o.d_model);
   const Tensor xb = batched(x);
-  if (o.proj == Projection::identity) return attend(xb, xb, xb, mask, need_weights, cache, x.dim() == 2);
+  const bool symmetric = o.qk == QK::symmetric;
+  if (o.proj == Projection::identity)
+    return attend(xb, symmetric ? keys_of(xb) : xb, xb, mask, need_weights, cache, x.dim() == 2);
   const Linear& k_lin = k_proj ? *k_proj : *q_proj;
   if (!need_weights && cache == nullptr) {
     // One GEMM over the stacked weights [W_q; W_k; W_v] makes q, k and v side by side, and one fused
-    // op attends every head reading them in place.
-    const Tensor w = concat({q_proj->weight, k_lin.weight, v_proj->weight}, 0);
-    const Tensor b = o.qkv_bias ? concat({q_proj->bias, k_lin.bias, v_proj->bias}, 0) : Tensor();
+    // op attends every head reading them in place. Symmetric keys: the rows of W_q (and b_q) times s.
+    const Tensor signs = symmetric ? key_signs(q_proj->weight.dtype()) : Tensor();
+    const Tensor wk = symmetric ? q_proj->weight * reshape(signs, {-1, 1}) : k_lin.weight;
+    const Tensor w = concat({q_proj->weight, wk, v_proj->weight}, 0);
+    const Tensor b = o.qkv_bias ? concat({q_proj->bias, symmetric ? q_proj->bias * signs : k_lin.bias, v_proj->bias}, 0)
+                                : Tensor();
     const FusedMask m = fused_mask(mask, xb.size(0), o.n_heads, xb.size(1), xb.size(1));
     AttentionResult r;
     r.output = (*out_proj)(scaled_dot_product_attention(linear(xb, w, b), o.n_heads, o.n_kv_heads, o.d_head, o.d_v,
@@ -169,7 +174,8 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
     return r;
   }
   const Tensor q = (*q_proj)(xb);
-  return attend(q, k_proj ? (*k_proj)(xb) : q, (*v_proj)(xb), mask, need_weights, cache, x.dim() == 2);
+  const Tensor k = k_proj ? (*k_proj)(xb) : symmetric ? keys_of(q) : q;
+  return attend(q, k, (*v_proj)(xb), mask, need_weights, cache, x.dim() == 2);
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -185,9 +191,12 @@ AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& k
   if (qb.size(0) != kb.size(0) || kb.size(0) != vb.size(0) || kb.size(1) != vb.size(1))
     fail(who, "query {}, key {} and value {} need one batch size, and key and value one length",
          to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
-  if (o.proj == Projection::identity) return attend(qb, kb, vb, mask, need_weights, cache, query.dim() == 2);
+  const bool symmetric = o.qk == QK::symmetric;
+  if (o.proj == Projection::identity)
+    return attend(qb, symmetric ? keys_of(kb) : kb, vb, mask, need_weights, cache, query.dim() == 2);
   const Linear& k_lin = k_proj ? *k_proj : *q_proj;
-  return attend((*q_proj)(qb), k_lin(kb), (*v_proj)(vb), mask, need_weights, cache, query.dim() == 2);
+  const Tensor k = k_lin(kb);
+  return attend((*q_proj)(qb), symmetric ? keys_of(k) : k, (*v_proj)(vb), mask, need_weights, cache, query.dim() == 2);
 }
 
 AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights,
@@ -257,8 +266,22 @@ Tensor MultiHeadAttention::W_q(std::size_t h) const {
 Tensor MultiHeadAttention::W_k(std::size_t h) const {
   const std::size_t kv = kv_head_of(h);
   const auto& o = options_;
-  if (!q_proj) return identity_columns(o.d_model, kv * o.d_head, o.d_head, out_proj->weight.dtype());
-  return rows_transposed((k_proj ? k_proj : q_proj)->weight, kv * o.d_head, o.d_head);
+  const Tensor w = !q_proj ? identity_columns(o.d_model, kv * o.d_head, o.d_head, out_proj->weight.dtype())
+                           : rows_transposed((k_proj ? k_proj : q_proj)->weight, kv * o.d_head, o.d_head);
+  if (o.qk != QK::symmetric) return w;
+  NoGradGuard no_grad;
+  return w * slice(key_signs(w.dtype()), 0, 0, std::int64_t(o.d_head));  // W_q(h) diag(s); s is the same per head
+}
+
+Tensor MultiHeadAttention::key_signs(DType dtype) const {
+  const auto& o = options_;
+  Array<double> s = Array<double>::from_shape({o.n_heads * o.d_head});
+  for (std::size_t i = 0; i < s.size(); ++i) s(i) = i % o.d_head < (o.d_head + 1) / 2 ? 1.0 : -1.0;
+  return Tensor(std::move(s)).to(dtype);
+}
+
+Tensor MultiHeadAttention::keys_of(const Tensor& q) const {
+  return q * key_signs(q.dtype());  // (..., H·d_head) ⊙ s
 }
 
 Tensor MultiHeadAttention::W_v(std::size_t h) const {

@@ -11,7 +11,11 @@
 
 namespace qkv::nn {
 
-enum class QK { untied, tied };                      // tied: k_proj *is* q_proj (one parameter)
+// How keys relate to queries. untied: k_proj of its own. tied: k_proj *is* q_proj (one parameter),
+// so a head's scores are a Gram matrix, symmetric and positive semi-definite. symmetric: k = q ⊙ s
+// for a fixed sign vector s (per head: the first ⌈d_head/2⌉ entries +1, the rest −1), so scores
+// are symmetric but indefinite, the control that separates symmetry from positive definiteness.
+enum class QK { untied, tied, symmetric };
 enum class Projection { learned, frozen, identity };  // of q, k and v; out_proj is always learned
 
 struct MultiHeadAttentionOptions {
@@ -82,14 +86,18 @@ class MultiHeadAttention : public Module {
   Tensor W_v(std::size_t h) const;
   Tensor W_o(std::size_t h) const;
   std::size_t kv_head_of(std::size_t h) const;
+  // QK::symmetric's signs s, (n_heads · d_head): ±1, the same pattern in every head.
+  Tensor key_signs(DType dtype) const;
 
   const MultiHeadAttentionOptions& options() const { return options_; }
 
-  // Null where the option removes them: k_proj when tied (q_proj serves), q/k/v for identity.
+  // Null where the option removes them: k_proj when tied or symmetric (q_proj serves), q/k/v for
+  // identity.
   std::unique_ptr<Linear> q_proj, k_proj, v_proj, out_proj;
 
  private:
   double scale() const;  // options().scale, or 1/√d_head
+  Tensor keys_of(const Tensor& q) const;  // QK::symmetric: k = q ⊙ s
   AttentionResult attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights, KVCache* cache,
                          bool unbatched) const;
   MultiHeadAttentionOptions options_;

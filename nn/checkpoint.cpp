@@ -253,15 +253,15 @@ Checkpoint read_checkpoint(const std::string& folder) {
   return c;
 }
 
-namespace {
-
-void load_into(Module& model, const StateDict& tensors, const std::string& file) {
+void load_weights(const Safetensors& weights, const std::string& file, Module& model) {
   try {
-    model.load_state_dict(tensors);
+    model.load_state_dict(weights.tensors);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(fmt::format("{}: does not fit the model: {}", file, e.what()));
   }
 }
+
+namespace {
 
 std::string committed_folder(const std::string& dir) {
   const auto folder = committed_checkpoint(dir);
@@ -272,12 +272,12 @@ std::string committed_folder(const std::string& dir) {
 }  // namespace
 
 void load_weights(const Checkpoint& c, Module& model) {
-  load_into(model, c.model.tensors, c.folder + "/model.safetensors");
+  load_weights(c.model, c.folder + "/model.safetensors", model);
 }
 
 void load_weights(const std::string& dir, Module& model) {
   const std::string file = committed_folder(dir) + "/model.safetensors";
-  load_into(model, load_safetensors(file).tensors, file);
+  load_weights(load_safetensors(file), file, model);
 }
 
 Checkpoint load_checkpoint(const std::string& dir, Module& model) {

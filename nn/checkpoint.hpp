@@ -89,7 +89,8 @@ struct CheckpointInfo {
   std::map<std::string, std::string> metadata{};  // "step" is the checkpoint's own
 };
 
-// Writes and commits DIR/checkpoint-STEP (commit_checkpoint).
+// Writes and commits DIR/checkpoint-STEP (commit_checkpoint): std::runtime_error naming the file on
+// an I/O error, std::logic_error when step STEP is committed already.
 void save_checkpoint(const std::string& dir, const Module& model, const StateDict& optimizer_state,
                      const CheckpointInfo& info);
 
@@ -109,8 +110,10 @@ Checkpoint read_checkpoint(const std::string& folder);
 // shapes do not fit the model throws std::runtime_error naming the file, with `model` unchanged).
 // The optimizer's state is the caller's to load.
 Checkpoint load_checkpoint(const std::string& dir, Module& model);
-// Loads a checkpoint's weights into `model`, as load_checkpoint does.
+// Loads a checkpoint's weights into `model`, as load_checkpoint does; or weights already read from
+// `file` (which names them in messages).
 void load_weights(const Checkpoint& checkpoint, Module& model);
+void load_weights(const Safetensors& weights, const std::string& file, Module& model);
 // Loads the committed checkpoint's model.safetensors alone into `model`, for inference (or a run
 // written before checkpoints had an optimizer's file).
 void load_weights(const std::string& dir, Module& model);

@@ -38,12 +38,9 @@ const TransformerConfig& checked(const TransformerConfig& c) {
   return c;
 }
 
-template <class E>
-E parse_enum(const detail::FieldReader& r, const char* key, std::initializer_list<E> values) {
-  std::vector<std::string> names;
-  for (E e : values) names.push_back(name_of(e));
-  const std::string name = r.choice(key, names);
-  return *(values.begin() + (std::find(names.begin(), names.end(), name) - names.begin()));
+template <class E, std::size_t N>
+E parse_enum(const detail::FieldReader& r, const char* key, const E (&values)[N]) {
+  return *from_name(values, r.choice(key, names_of(values)));
 }
 
 nlohmann::json config_object(const TransformerConfig& c) {
@@ -60,7 +57,7 @@ ConfigError::ConfigError(std::string field_, const std::string& message)
     : std::invalid_argument(message), field(std::move(field_)) {}
 
 const char* name_of(Readout r) { return r == Readout::pointer ? "pointer" : "token"; }
-const char* name_of(QK qk) { return qk == QK::tied ? "tied" : "untied"; }
+const char* name_of(QK qk) { return qk == QK::tied ? "tied" : qk == QK::symmetric ? "symmetric" : "untied"; }
 const char* name_of(Projection p) {
   return p == Projection::learned ? "learned" : p == Projection::frozen ? "frozen" : "identity";
 }
@@ -80,8 +77,8 @@ void check(const TransformerConfig& c) {
   if (c.kv_heads != 0 && c.heads % c.kv_heads != 0)
     config_error("kv_heads", "{} does not divide heads {}", c.kv_heads, c.heads);
   const bool shared_kv = c.kv_heads != 0 && c.kv_heads != c.heads;
-  if (c.qk == QK::tied && shared_kv)
-    config_error("kv_heads", "is {}: tied q and k need as many kv heads as heads ({})", c.kv_heads, c.heads);
+  if (c.qk != QK::untied && shared_kv)
+    config_error("kv_heads", "is {}: {} q and k need as many kv heads as heads ({})", c.kv_heads, name_of(c.qk), c.heads);
   if (c.proj == Projection::identity && shared_kv)
     config_error("kv_heads", "is {}: identity projections need as many kv heads as heads ({})", c.kv_heads, c.heads);
   if (c.proj == Projection::identity && c.d_head != 0 && c.d_head * c.heads != c.d_model)
@@ -93,7 +90,7 @@ double parameter_count(const TransformerConfig& c) {
   const double D = double(c.d_model), H = double(c.heads), Hkv = double(c.kv_heads ? c.kv_heads : c.heads);
   const double dh = c.d_head ? double(c.d_head) : D / H;
   // q, k and v: each a (heads · d_head, D) weight and its bias; tied k is q; identity has none.
-  const double qkv_heads = c.proj == Projection::identity ? 0 : c.qk == QK::tied ? H + Hkv : H + 2 * Hkv;
+  const double qkv_heads = c.proj == Projection::identity ? 0 : c.qk != QK::untied ? H + Hkv : H + 2 * Hkv;
   const double attention = qkv_heads * dh * (D + 1) + H * dh * D + D;
   const double mlp = c.mlp ? 2 * D + 4 * D * (D + 1) + D * (4 * D + 1) : 0;
   const double head = c.readout == Readout::token ? double(c.n_classes) * (D + 1) : 0;
@@ -110,15 +107,15 @@ TransformerConfig parse_transformer_config(std::string_view json, const std::str
   c.vocab_size = m.count("vocab_size", 1, most);
   c.n_classes = m.count("n_classes", 0, most);
   c.max_len = m.count("max_len", 1, most);
-  c.readout = parse_enum(m, "readout", {Readout::token, Readout::pointer});
+  c.readout = parse_enum(m, "readout", all_readouts);
   c.causal = m.flag("causal");
   c.layers = m.count("layers", 1, TransformerConfig::max_layers);
   c.d_model = m.count("d_model", 1, most);
   c.heads = m.count("heads", 1, most);
   c.d_head = m.count("d_head", 0, most);
   c.kv_heads = m.count("kv_heads", 0, most);
-  c.qk = parse_enum(m, "qk", {QK::untied, QK::tied});
-  c.proj = parse_enum(m, "proj", {Projection::learned, Projection::frozen, Projection::identity});
+  c.qk = parse_enum(m, "qk", all_qk);
+  c.proj = parse_enum(m, "proj", all_projections);
   c.scale = m.flag("scale");
   c.mlp = m.flag("mlp");
   c.frozen_embeddings = m.choice("embeddings", {"learned", "frozen"}) == "frozen";
@@ -227,15 +224,25 @@ TransformerConfig load_config(const std::string& dir) {
 }
 
 std::unique_ptr<Transformer> load_transformer(const std::string& dir) {
-  const TransformerConfig config = load_config(dir);
-  const double bytes = 4 * parameter_count(config), available = available_memory();
-  if (bytes > available)
-    throw std::runtime_error(fmt::format("{}/config.json: the model needs {:.0f} MiB for its weights, more than the {:.0f} "
-                                         "MiB this machine has available",
-                                         dir, bytes / (1 << 20), available / (1 << 20)));
+  TransformerConfig config = load_config(dir);
+  const double available = available_memory();
+  const auto refuse = [&](double bytes) {
+    if (bytes > available)
+      throw std::runtime_error(fmt::format("{}/config.json: the model needs {:.0f} MiB for its weights, more than the "
+                                           "{:.0f} MiB this machine has available",
+                                           dir, bytes / (1 << 20), available / (1 << 20)));
+  };
+  refuse(4 * parameter_count(config));  // before the weights' file is read
+  const auto folder = committed_checkpoint(dir);
+  if (!folder) throw std::runtime_error(fmt::format("{}: the run has no checkpoint yet", dir));
+  const std::string file = *folder + "/model.safetensors";
+  const Safetensors weights = load_safetensors(file);
+  // The model takes the dtype its weights were saved in (float64 for a gradient check's, say).
+  if (!weights.tensors.empty()) config.dtype = weights.tensors.front().second.dtype();
+  refuse(double(dtype_size(config.dtype)) * parameter_count(config));
   Generator gen(0);
   auto model = std::make_unique<Transformer>(config, gen);
-  load_weights(dir, *model);
+  load_weights(weights, file, *model);
   return model;
 }
 

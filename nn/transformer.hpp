@@ -19,6 +19,7 @@
 // ln_f.{weight,bias}, head.{weight,bias} for the token readout.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -50,7 +51,8 @@ struct TransformerConfig {
   // Token and position embeddings and every LayerNorm stay at their init: only the attention
   // projections, the MLPs and the head train.
   bool frozen_embeddings = false;
-  DType dtype = DType::float32;  // of the parameters when built (not saved: a checkpoint records it per tensor)
+  DType dtype = DType::float32;  // of the parameters when built (not in config.json: load_transformer takes the
+                                 // weights' own)
 };
 
 // A config that cannot build a model: `field` names the config field at fault ("heads").
@@ -76,10 +78,25 @@ std::string to_json(const TransformerConfig& config);
 TransformerConfig parse_transformer_config(std::string_view json, const std::string& file,
                                            const std::string& prefix = "");
 
-// Names as config.json writes them.
+// Names as config.json writes them, and back: every value of each option, and the value of a name.
 const char* name_of(Readout readout);
 const char* name_of(QK qk);
 const char* name_of(Projection proj);
+inline constexpr Readout all_readouts[] = {Readout::token, Readout::pointer};
+inline constexpr QK all_qk[] = {QK::untied, QK::tied, QK::symmetric};
+inline constexpr Projection all_projections[] = {Projection::learned, Projection::frozen, Projection::identity};
+template <class E, std::size_t N>
+std::optional<E> from_name(const E (&values)[N], std::string_view name) {
+  for (E e : values)
+    if (name == name_of(e)) return e;
+  return std::nullopt;
+}
+template <class E, std::size_t N>
+std::vector<std::string> names_of(const E (&values)[N]) {
+  std::vector<std::string> names;
+  for (E e : values) names.push_back(name_of(e));
+  return names;
+}
 
 class TransformerBlock : public Module {
  public:
@@ -127,8 +144,8 @@ void save_config(const std::string& dir, const TransformerConfig& config);
 // training options); std::runtime_error naming the file and the field at fault.
 TransformerConfig load_config(const std::string& dir);
 // The model of a run folder: built from DIR/config.json with the committed checkpoint's weights
-// (see checkpoint.hpp); std::runtime_error naming the file at fault, or the config's field to make
-// smaller when its weights would not fit in the memory available.
+// (see checkpoint.hpp), in the dtype they were saved in; std::runtime_error naming the file at
+// fault, or config.json when the weights would not fit in the memory available.
 std::unique_ptr<Transformer> load_transformer(const std::string& dir);
 
 }  // namespace qkv::nn

@@ -52,6 +52,7 @@ bool in_parallel_task();
 template <class F>
 void parallel_ranges(std::size_t n, std::size_t block, F&& f) {
   if (n == 0) return;
+  block = std::max<std::size_t>(block, 1);
   parallel_for((n + block - 1) / block, [&](std::size_t i) { f(i * block, std::min(n, (i + 1) * block)); });
 }
 

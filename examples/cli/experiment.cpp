@@ -27,7 +27,7 @@ using Json = nlohmann::ordered_json;
 std::string variant_of(const nn::TransformerConfig& c) {
   if (c.proj == nn::Projection::identity) return "identity";
   if (c.proj == nn::Projection::frozen) return "frozen";
-  return nn::name_of(c.qk);
+  return nn::name_of(c.qk);  // untied, tied or symmetric
 }
 
 // σ of the head the task reads: head 0 of the last layer.
@@ -202,9 +202,9 @@ TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e)
 }
 
 void set_variant(TrainOptions& o, const std::string& variant) {
-  o.model.qk = variant == "tied" ? nn::QK::tied : nn::QK::untied;
-  o.model.proj = variant == "identity" ? nn::Projection::identity
-                 : variant == "frozen" ? nn::Projection::frozen : nn::Projection::learned;
+  // A QK name (untied, tied, symmetric) with learned projections, or a projection (frozen, identity).
+  o.model.qk = nn::from_name(nn::all_qk, variant).value_or(nn::QK::untied);
+  o.model.proj = nn::from_name(nn::all_projections, variant).value_or(nn::Projection::learned);
 }
 
 ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progress, bool tty) {

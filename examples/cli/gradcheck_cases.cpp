@@ -124,6 +124,12 @@ void add_module_cases(Catalogue& c) {
       {"MQA", opts(4, [](auto& o) { o.n_kv_heads = 1; }), {.causal = true}},
       {"tied", opts(2, [](auto& o) { o.qk = QK::tied; }), {}},
       {"tied+causal", opts(2, [](auto& o) { o.qk = QK::tied; }), {.causal = true}},
+      {"symmetric", opts(2, [](auto& o) { o.qk = QK::symmetric; }), {}},
+      {"symmetric+causal+padding", opts(2, [](auto& o) { o.qk = QK::symmetric; }), {.causal = true, .key_padding = padding}},
+      {"symmetric, d_head=3, need_weights", opts(2, [](auto& o) { o.qk = QK::symmetric; o.d_head = 3; }),
+       {.causal = true}, false, true},
+      {"symmetric+identity", opts(2, [](auto& o) { o.qk = QK::symmetric; o.proj = Projection::identity; }), {}},
+      {"cross+symmetric", opts(2, [](auto& o) { o.qk = QK::symmetric; o.vdim = 6; }), {.key_padding = cross_padding}, true},
       {"no bias", opts(2, [](auto& o) { o.qkv_bias = false; o.out_bias = false; }), {.causal = true}},
       {"qkv bias only", opts(2, [](auto& o) { o.out_bias = false; }), {}},
       {"d_v=3 != d_head=4", opts(2, [](auto& o) { o.d_v = 3; }), {.causal = true}},
@@ -167,10 +173,12 @@ void add_transformer_cases(Catalogue& c) {
       {"token, causal, MLP", config([](auto& t) { t.mlp = true; })},
       {"token, bidirectional, MLP, GQA", config([](auto& t) { t.mlp = true; t.causal = false; t.heads = 4; t.kv_heads = 2; })},
       {"pointer, tied", config([](auto& t) { t.readout = Readout::pointer; t.n_classes = 0; t.qk = QK::tied; })},
+      {"token, bidirectional, symmetric, MLP", config([](auto& t) { t.causal = false; t.qk = QK::symmetric; t.mlp = true; })},
       {"token, frozen embeddings, MLP", config([](auto& t) { t.mlp = true; t.frozen_embeddings = true; })},
   };
-  for (const auto& [name, cfg] : configs) {
-    c.add_setup("Transformer", "Transformer " + name, [cfg](Generator& g) {
+  for (const auto& named : configs) {
+    const TransformerConfig cfg = named.second;  // a copy the lambda keeps (Clang captures no structured binding)
+    c.add_setup("Transformer", "Transformer " + named.first, [cfg](Generator& g) {
       auto m = std::make_shared<Transformer>(cfg, g);
       const IndexArray tokens{{0, 3, 1, 4, 2}, {4, 4, 0, 1, 3}};
       const IndexArray targets = cfg.readout == Readout::pointer ? IndexArray{{-100, 0, 1, 2, 3}, {-100, 1, -100, 0, 2}}

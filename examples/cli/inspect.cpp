@@ -298,7 +298,7 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
   const auto bold = [&](const std::string& s) { return color ? "\x1b[1m" + s + "\x1b[0m" : s; };
   out << bold(fmt::format("qkv inspect {}: {}, {} layer{} × {} head{}, d_model {}, d_head {}, {}{}{}", in.dir, in.task,
                           c.layers, c.layers == 1 ? "" : "s", c.heads, c.heads == 1 ? "" : "s", c.d_model, d_head,
-                          c.causal ? "causal" : "bidirectional", c.qk == nn::QK::tied ? ", W_k = W_q" : "",
+                          c.causal ? "causal" : "bidirectional", c.qk == nn::QK::tied ? ", W_k = W_q" : c.qk == nn::QK::symmetric ? ", W_k = W_q diag(s)" : "",
                           c.proj == nn::Projection::identity ? ", identity projections"
                           : c.proj == nn::Projection::frozen ? ", frozen projections" : ""))
       << "\n";

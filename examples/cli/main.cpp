@@ -204,8 +204,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--d-head", d_head, "Query/key width per head (default d_model / heads)")
       ->check(whole(1, max_width));
   train_cmd->add_option("--kv-heads", kv_heads, "Key/value heads (GQA/MQA; default: heads)")->check(whole(1, max_width));
-  train_cmd->add_option("--qk", qk, "tied or untied")->check(CLI::IsMember({"tied", "untied"}));
-  train_cmd->add_option("--proj", proj, "learned, frozen or identity")->check(CLI::IsMember({"learned", "frozen", "identity"}));
+  train_cmd->add_option("--qk", qk, "untied, tied (k = q: scores a Gram matrix) or symmetric (k = q ⊙ s: symmetric, indefinite)")
+      ->check(CLI::IsMember(qkv::nn::names_of(qkv::nn::all_qk)));
+  train_cmd->add_option("--proj", proj, "learned, frozen or identity")->check(CLI::IsMember(qkv::nn::names_of(qkv::nn::all_projections)));
   train_cmd->add_flag("--no-scale", no_scale, "Scores without the 1/sqrt(d_head) factor");
   train_cmd->add_flag("--mlp", mlp, "A LayerNorm + MLP (d_model -> 4 d_model -> d_model, GELU) after each attention");
   std::string embeddings, attention;
@@ -293,10 +294,9 @@ int main(int argc, char** argv) {
       set(checkpoint_every, o.checkpoint_every);
       if (seed) o.seed = *seed;
       if (lr) o.lr = *lr;
-      if (!qk.empty()) o.model.qk = qk == "tied" ? qkv::nn::QK::tied : qkv::nn::QK::untied;
+      if (!qk.empty()) o.model.qk = *qkv::nn::from_name(qkv::nn::all_qk, qk);
       if (!proj.empty())
-        o.model.proj = proj == "learned" ? qkv::nn::Projection::learned
-                       : proj == "frozen" ? qkv::nn::Projection::frozen : qkv::nn::Projection::identity;
+        o.model.proj = *qkv::nn::from_name(qkv::nn::all_projections, proj);
       if (no_scale) o.model.scale = false;
       if (mlp) o.model.mlp = true;
       if (!embeddings.empty()) o.model.frozen_embeddings = embeddings == "frozen";

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <ostream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -172,8 +173,6 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   return o;
 }
 
-double task_target(const std::string& task) { return task_spec(task).target; }
-
 std::vector<std::string> token_names(const Task& task) {
   std::vector<std::string> names;
   for (std::size_t t = 0; t < task.info().vocab_size; ++t) names.push_back(task.token_name(std::int64_t(t)));
@@ -201,15 +200,7 @@ std::unique_ptr<nn::Transformer> load_model(const std::string& dir) {
   } catch (const OptionError& e) {
     throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", dir, e.field, e.what()));
   }
-  Generator gen(o.seed);
-  std::unique_ptr<nn::Transformer> model;
-  try {
-    model = std::make_unique<nn::Transformer>(o.model, gen);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{}/config.json: 'model' {}", dir, e.what()));
-  }
-  nn::load_weights(dir, *model);
-  return model;
+  return nn::load_transformer(dir);  // the program's checks passed: the library's loader does the rest
 }
 
 MetricsLog::MetricsLog(std::string path, bool truncate)
@@ -409,7 +400,11 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
     const CheckpointCheck check{.max_step = o.steps, .updated = updated_parameters(model, *task)};
     CheckpointState state;
     const auto restore = [&](const nn::Checkpoint& c) { state = restore_checkpoint(c, model, opt, check); };
-    if (nn::resume_checkpoint(folder.path(), restore, progress)) {
+    std::ostringstream notes;  // what the resume passed over: each note as "qkv train: …"
+    const bool resumed = nn::resume_checkpoint(folder.path(), restore, notes).has_value();
+    std::istringstream lines(notes.str());
+    for (std::string line; std::getline(lines, line);) progress << (line.starts_with(" ") ? "" : "qkv train: ") << line << "\n";
+    if (resumed) {
       first_step = state.step;
       gen.set_state(state.rng);
     } else {

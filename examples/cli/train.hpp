@@ -88,8 +88,6 @@ struct TrainResult {
   std::optional<std::size_t> steps_to_target;  // with TrainOptions::target_every
 };
 
-// The accuracy the task's defaults must reach on held-out sequences (its TaskSpec's target).
-double task_target(const std::string& task);
 // The name of each token id of the task, as config.json records them.
 std::vector<std::string> token_names(const Task& task);
 
@@ -101,8 +99,8 @@ std::vector<std::string> token_names(const Task& task);
 // A resume starts from the newest checkpoint that loads, and cuts metrics.jsonl back to its step.
 TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty);
 
-// The model of a run folder: rebuilt from config.json, with the weights of its committed
-// checkpoint's model.safetensors. Throws std::runtime_error naming the file at fault.
+// The model of a run folder, once config.json passes the program's checks (its task, ranges and
+// memory): nn::load_transformer. Throws std::runtime_error naming the file at fault.
 std::unique_ptr<nn::Transformer> load_model(const std::string& dir);
 
 // Appends one JSON object a line to a run's metrics.jsonl, flushed at once; a failed write throws

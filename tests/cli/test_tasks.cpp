@@ -181,7 +181,7 @@ TEST_CASE("every registered task is whole: its generator, defaults that pass the
   }
   CHECK(default_options("rps").model.layers == 1);
   CHECK(default_options("brackets").lr == 1e-2);
-  CHECK(task_target("induction") == 0.95);
+  CHECK(task_spec("induction").target == 0.95);
 }
 
 TEST_CASE("a pointer task's targets on an input: brackets point each closer at its opener") {

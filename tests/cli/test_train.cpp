@@ -190,8 +190,8 @@ TEST_CASE("steps to target: the first check at or above the target, none when ne
   o.target = 1.5;  // never
   o.force = true;
   CHECK_FALSE(train(o, quiet, false).steps_to_target);
-  CHECK(task_target("induction") == 0.95);
-  CHECK(task_target("brackets") == 0.99);
+  CHECK(task_spec("induction").target == 0.95);
+  CHECK(task_spec("brackets").target == 0.99);
 }
 
 TEST_CASE("a failed write to metrics.jsonl fails the run, naming the file") {

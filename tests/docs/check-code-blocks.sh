@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every ```cpp block of README.md and docs/*.md compiles, with warnings as errors.
+# Every C++ block (```cpp, ```c++ or ```cxx) of README.md and docs/*.md compiles, with warnings as
+# errors. The dependencies' headers (xtensor, fmt, nlohmann-json) are Debian's, in /usr/include.
 #   check-code-blocks.sh SOURCE_DIR OUT_DIR CXX [FLAGS...]
 # A block that defines things of its own (a line starting "int main(", "namespace", "class",
 # "struct" or "template") is compiled as a file. Any other is a fragment, as the docs show code:
@@ -13,8 +14,8 @@ for md in "$src/README.md" "$src"/docs/*.md; do
   name=$(basename "$md" .md)
   # Each block to OUT/NAME-LINE.block, LINE being where it starts in the page.
   awk -v prefix="$out/$name-" '
-    /^```cpp[ \t]*$/ { file = prefix NR ".block"; inside = 1; next }
-    /^```/ { inside = 0; next }
+    /^[ \t]*```(cpp|c\+\+|cxx|C\+\+)[ \t]*$/ { file = prefix NR ".block"; inside = 1; next }
+    /^[ \t]*```/ { inside = 0; next }
     inside { print > file }
   ' "$md"
 done

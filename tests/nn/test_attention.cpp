@@ -1,5 +1,7 @@
 #include "tests/helpers.hpp"
 
+#include <xtensor-blas/xlinalg.hpp>
+
 #include "qkv/nn/attention.hpp"
 #include "qkv/optim/adam.hpp"
 
@@ -281,4 +283,46 @@ TEST_CASE("an optimizer never changes frozen projections") {
     const bool trained = after[i].first.rfind("out_proj", 0) == 0;
     CHECK((after[i].second.value<double>() == before[i].second.value<double>()) == !trained);
   }
+}
+
+TEST_CASE("QK symmetric: k = q times a fixed sign vector, scores exactly symmetric and indefinite") {
+  auto o = options(8, 2);  // d_head 4: s = (+1, +1, -1, -1) in each head
+  o.qk = QK::symmetric;
+  Generator gen(11);
+  MultiHeadAttention mha(o, gen);
+  CHECK_FALSE(mha.k_proj);
+  CHECK(mha.parameters().size() == 6);  // q, v, out: weight and bias each
+  check_close(mha.key_signs(DType::float64).value<double>(), {1, 1, -1, -1, 1, 1, -1, -1});
+  const Tensor x = random_input({1, 5, 8}, 12);
+  const AttentionResult r = mha.forward(x, {}, true);
+  const Tensor x2 = reshape(x, {5, 8});
+  for (std::size_t h = 0; h < 2; ++h) {
+    INFO("head " << h);
+    // W_k(h) = W_q(h) diag(1, 1, -1, -1); the bias of k is the bias of q times s likewise.
+    Array<double> wk = mha.W_q(h).value<double>();
+    xt::view(wk, xt::all(), xt::range(2, 4)) *= -1.0;
+    check_close(mha.W_k(h), wk, 0);
+    const Array<double> s = xt::view(r.scores.value<double>(), 0, h);
+    CHECK(xt::amax(xt::abs(s - transposed(s)))() < 1e-12);  // symmetric
+    // Indefinite: the QK circuit A = W_q diag(s) W_qᵀ has eigenvalues of both signs (a tied
+    // head's A = W_q W_qᵀ has none below 0).
+    const Array<double> a = matmul(mha.W_q(h), transpose(mha.W_k(h), 0, 1)).value<double>();
+    const auto [values, vectors] = xt::linalg::eigh(a);
+    CHECK(xt::amin(values)() < -1e-3);
+    CHECK(xt::amax(values)() > 1e-3);
+  }
+  // The fused path (one GEMM over [W_q; W_q diag(s); W_v]) gives the op-by-op result, and the
+  // gradient reaches q_proj alone.
+  Tensor xg = random_input({2, 5, 8}, 13);
+  xg.requires_grad_();
+  const Tensor fused = mha.forward(xg, {.causal = true}).output, slow = mha.forward(xg, {.causal = true}, true).output;
+  check_close(fused, slow.value<double>(), 1e-12);
+  sum(fused * fused).backward();
+  CHECK(mha.q_proj->weight.grad().defined());
+  // With tied keys, the same weights give a positive semi-definite A.
+  o.qk = QK::tied;
+  Generator same(11);
+  const MultiHeadAttention tied(o, same);
+  const Array<double> gram = matmul(tied.W_q(0), transpose(tied.W_k(0), 0, 1)).value<double>();
+  CHECK(xt::amin(std::get<0>(xt::linalg::eigh(gram)))() > -1e-12);
 }

@@ -150,7 +150,7 @@ TEST_CASE("a config reads back as written, and a bad field is named") {
   CHECK(message("\"heads\":2", "\"heads\":-2") == "c.json: 'model.heads' is -2, out of range [1, 1000000]");
   CHECK(message("\"heads\":2", "\"heads\":3") == "c.json: 'model.heads' 3 does not divide d_model 8 (or give d_head)");
   CHECK(message("\"qk\":\"untied\"", "\"qk\":\"both\"") ==
-        "c.json: 'model.qk' is 'both'; it must be one of untied, tied");
+        "c.json: 'model.qk' is 'both'; it must be one of untied, tied, symmetric");
   CHECK(message("\"mlp\":false", "\"mlp\":0") == "c.json: 'model.mlp' must be true or false, not a number");
   CHECK(message("\"mlp\":false", "\"mlp\":false,\"dropout\":0.1") == "c.json: 'model.dropout' is not a known field");
   CHECK(message("\"layers\":2,", "") == "c.json: 'model.layers' is missing");
@@ -222,5 +222,21 @@ TEST_CASE("a run folder saved through the library loads back: config, weights, o
   wider.d_model = nn::TransformerConfig::max_width;
   nn::save_config(dir, wider);
   CHECK_THAT(runtime_error_message([&] { nn::load_transformer(dir); }), Contains("config.json: the model needs"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("load_transformer builds the model in the dtype its weights were saved in") {
+  const std::string dir = scratch("transformer_f64");
+  nn::TransformerConfig c = small_config();
+  c.dtype = DType::float64;
+  Generator gen(5);
+  const nn::Transformer model(c, gen);
+  nn::save_config(dir, c);
+  nn::save_checkpoint(dir, model, {}, {.step = 1});
+  const auto loaded = nn::load_transformer(dir);
+  CHECK(loaded->config().dtype == DType::float64);
+  CHECK(loaded->tok.weight.dtype() == DType::float64);
+  const IndexArray tokens{{4, 0, 2}};
+  check_close(loaded->forward(tokens).logits, model.forward(tokens).logits.value<double>(), 0);
   std::filesystem::remove_all(dir);
 }
