@@ -117,7 +117,8 @@ std::string markdown_table(const std::string& name, const Json& runs) {
   for (const Json& run : runs)
     if (std::find(tasks.begin(), tasks.end(), run["task"]) == tasks.end()) tasks.push_back(run["task"]);
   for (const std::string& task : tasks)
-    for (const Column& x : task_spec(task).probe_columns) extras.push_back(x);
+    for (const Column& x : task_spec(task).probe_columns)  // once per key: tasks share some
+      if (std::none_of(extras.begin(), extras.end(), [&](const Column& e) { return e.key == x.key; })) extras.push_back(x);
   for (const Column& x : extras) header.push_back(x.header);
   std::string out = "| " + fmt::format("{}", fmt::join(header, " | ")) + " |\n|";
   for (std::size_t i = 0; i < header.size(); ++i) out += "---|";
@@ -188,9 +189,9 @@ const ExperimentSpec& experiment_spec(const std::string& name) {
   return find_spec(experiment_registry(), name, "experiment");
 }
 
-TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e) {
+TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e, std::size_t n) {
   const TaskSpec& spec = task_spec(task);
-  TrainOptions o = default_options(task);
+  TrainOptions o = default_options(task, n);
   o.steps = e.steps ? e.steps : e.quick ? spec.quick_steps : spec.experiment_steps;
   o.warmup = std::min<std::size_t>(o.warmup, o.steps / 10 + 1);
   o.eval_batches = e.eval_batches;
@@ -225,7 +226,7 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
       o.seed = seed;
       o.out = fmt::format("{}/runs/{:02}-seed{}", out, c, seed);
       o.force = true;  // the experiment's own runs: a rerun replaces them
-      const auto task = make_task(o.task);
+      const auto task = make_task(o.task, o.n);
       const auto sequences = held_out_sequences(*task, 16, seed);
       Json run = {{"experiment", e.name},
                             {"task", o.task},

@@ -21,7 +21,7 @@ struct ExperimentOptions {
   std::string name;
   bool quick = false;      // one seed and fewer steps: under 2 minutes
   std::size_t seeds = 0;   // 0: 5, or 1 with quick
-  std::string out;         // "" means runs/experiment-NAME
+  std::string out{};       // "" means runs/experiment-NAME
   std::size_t steps = 0;   // 0: the experiment's own; anything else overrides every run's
   std::size_t eval_batches = 32;  // of 32 held-out sequences, for the final accuracy
 };
@@ -63,8 +63,8 @@ const ExperimentSpec& experiment_spec(const std::string& name);
 // What every experiment's runs start from: the task's defaults, with the task's experiment
 // budget (TaskSpec::experiment_steps, or quick_steps), checkpointed at the end only, and
 // steps-to-target measured.
-TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e);
-// Projections by name: untied, tied, identity or frozen.
+TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e, std::size_t n = 0);
+// Projections by name: untied, tied, symmetric (QK names), identity or frozen (projections).
 void set_variant(TrainOptions& o, const std::string& variant);
 
 // Runs every configuration for every seed, writes OUT/results.json, OUT/NAME.svg and each run's

@@ -49,7 +49,7 @@ std::string option_of(const std::string& field) {
       {"steps", "--steps"},           {"batch", "--batch"},           {"lr", "--lr"},
       {"threads", "--threads"},       {"checkpoint_every", "--checkpoint-every"},
       {"model.layers", "--layers"},   {"model.d_model", "--d-model"}, {"model.heads", "--heads"},
-      {"model.d_head", "--d-head"},   {"model.kv_heads", "--kv-heads"}};
+      {"model.d_head", "--d-head"},   {"model.kv_heads", "--kv-heads"}, {"n", "--n"}};
   const auto it = options.find(field);
   return it == options.end() ? field : it->second;
 }
@@ -83,7 +83,7 @@ int run_tasks() {
 int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
   const TrainOptions o = read_config(dir);
   const auto model = load_model(dir);
-  const auto task = make_task(o.task);
+  const auto task = make_task(o.task, o.n);
   const std::size_t batches = (n + o.batch - 1) / o.batch;
   const Metrics m = evaluate(*model, *task, batches, o.batch, seed);
   nlohmann::json out = {{"task", o.task}, {"dir", dir}, {"sequences", batches * o.batch}, {"seed", seed},
@@ -113,7 +113,7 @@ struct InspectArgs {
 int run_inspect(const InspectArgs& a) {
   const TrainOptions o = read_config(a.dir);
   const auto model = load_model(a.dir);
-  const auto task = make_task(o.task);
+  const auto task = make_task(o.task, o.n);
   std::vector<std::int64_t> input;
   if (a.input.empty()) {
     input = typical_input(*task);
@@ -188,7 +188,8 @@ int main(int argc, char** argv) {
 
   // Options start unset: the task's defaults fill what the command line leaves out.
   std::string task, qk, proj;
-  std::optional<std::uint64_t> seed, steps, layers, heads, d_model, d_head, kv_heads, batch, threads, checkpoint_every;
+  std::optional<std::uint64_t> seed, steps, layers, heads, d_model, d_head, kv_heads, batch, threads, checkpoint_every,
+      task_n;
   std::optional<double> lr;
   std::string out;
   bool no_scale = false, mlp = false, resume = false, force = false;
@@ -196,6 +197,8 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train a model on a task");
   train_cmd->add_option("TASK", task, fmt::format("{}", fmt::join(task_names(), ", ")))->required()->check(CLI::IsMember(task_names()));
   train_cmd->add_option("--out", out, "Run folder (default runs/TASK)");
+  train_cmd->add_option("--n", task_n, "The task's size: line 3-16 (default 8), cycle 3, 5 or 7 (default 5)")
+      ->check(whole(1, 64));
   train_cmd->add_option("--seed", seed, "Seed of every random draw")->check(whole(0, UINT64_MAX));
   train_cmd->add_option("--steps", steps, "Optimizer steps")->check(count);
   train_cmd->add_option("--layers", layers, "Attention layers")->check(whole(1, max_layers));
@@ -280,7 +283,12 @@ int main(int argc, char** argv) {
         o.resume = true;
         return run_train(o);
       }
-      TrainOptions o = default_options(task);
+      TrainOptions o;
+      try {
+        o = default_options(task, task_n.value_or(0));
+      } catch (const std::invalid_argument& e) {
+        usage("--n", "{}", e.what());
+      }
       const auto set = [](const std::optional<std::uint64_t>& v, std::size_t& into) {
         if (v) into = std::size_t(*v);
       };

@@ -35,10 +35,10 @@ namespace {
 constexpr std::uint64_t held_out_stream = 0x9e3779b97f4a7c15ULL;
 
 nlohmann::json config_json(const TrainOptions& o) {
-  return {{"task", o.task}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
+  return {{"task", o.task}, {"n", o.n}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
           {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
           {"checkpoint_every", o.checkpoint_every}, {"threads", o.threads}, {"blas", o.blas},
-          {"model", nlohmann::json::parse(nn::to_json(o.model))}, {"tokens", token_names(*make_task(o.task))}};
+          {"model", nlohmann::json::parse(nn::to_json(o.model))}, {"tokens", token_names(*make_task(o.task, o.n))}};
 }
 
 template <class... Args>
@@ -94,7 +94,12 @@ void check_options(const TrainOptions& o) {
     out_of_range("weight_decay", "is {}; it must be in [0, 10]", o.weight_decay);
   if (!(o.clip > 0 && std::isfinite(o.clip))) out_of_range("clip", "is {}; it must be positive and finite", o.clip);
 
-  const TaskInfo info = make_task(o.task)->info();
+  try {
+    task_size(o.task, o.n);
+  } catch (const std::invalid_argument& e) {
+    throw OptionError("n", e.what());
+  }
+  const TaskInfo info = make_task(o.task, o.n)->info();
   const nn::TransformerConfig& m = o.model;
   if (m.vocab_size != info.vocab_size)
     out_of_range("model.vocab_size", "is {}, but the {} task has {} tokens", m.vocab_size, o.task, info.vocab_size);
@@ -147,7 +152,12 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   const nlohmann::json j = nn::detail::parse_json(text, file, 2);  // {"model": {…}}
   const nn::detail::FieldReader r(j, file);
   const std::string task = r.choice("task", task_names());
-  TrainOptions o = default_options(task);
+  TrainOptions o;
+  try {  // absent from runs written before tasks had sizes
+    o = default_options(task, r.has("n") ? r.count("n", 0, 1000) : 0);
+  } catch (const std::invalid_argument& e) {
+    r.fail_at("n", "{}", e.what());
+  }
   o.seed = r.count("seed", 0, std::numeric_limits<std::uint64_t>::max());
   o.steps = r.count("steps", 1, max_steps);
   o.batch = r.count("batch", 1, max_batch);
@@ -162,8 +172,9 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   if (r.has("blas")) o.blas = r.text("blas");
   o.model = nn::parse_transformer_config(r.at("model").dump(), file, "model.");
   // The task's token names, which inspect shows: absent from runs written before they were recorded.
-  if (r.has("tokens") && r.at("tokens") != nlohmann::json(token_names(*make_task(task))))
-    r.fail_at("tokens", "are not the {} task's tokens ({})", task, nlohmann::json(token_names(*make_task(task))).dump());
+  const nlohmann::json tokens = token_names(*make_task(task, o.n));
+  if (r.has("tokens") && r.at("tokens") != tokens)
+    r.fail_at("tokens", "are not the {} task's tokens ({})", task, tokens.dump());
   r.only(config_json(o));
   try {
     check_options(o);  // not the memory: a run trained elsewhere may still load here
@@ -179,11 +190,12 @@ std::vector<std::string> token_names(const Task& task) {
   return names;
 }
 
-TrainOptions default_options(const std::string& task_name) {
+TrainOptions default_options(const std::string& task_name, std::size_t n) {
   const TaskSpec& spec = task_spec(task_name);
-  const TaskInfo info = spec.make()->info();
   TrainOptions o;
   o.task = task_name;
+  o.n = task_size(task_name, n);
+  const TaskInfo info = spec.make(o.n)->info();
   o.model.vocab_size = info.vocab_size;
   o.model.n_classes = info.n_classes;
   o.model.max_len = info.max_len;
@@ -375,7 +387,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
   if (!o.resume) o.blas = blas_kernels();
   check_options(o);
   check_memory(o, true);
-  const auto task = make_task(o.task);
+  const auto task = make_task(o.task, o.n);
   Generator gen(o.seed);
   std::optional<nn::Transformer> built;
   try {

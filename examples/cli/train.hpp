@@ -21,6 +21,7 @@ struct UsageError : std::runtime_error {
 
 struct TrainOptions {
   std::string task;
+  std::size_t n = 0;  // the task's size (line, cycle: its values); 0 for a task that has none
   std::string out;  // run folder; "" means runs/TASK
   std::uint64_t seed = 0;
   std::size_t steps = 2000, batch = 32, warmup = 100, log_every = 100;
@@ -78,7 +79,7 @@ TrainOptions read_config(const std::string& dir);
 TrainOptions parse_config(std::string_view text, const std::string& file);
 
 // The defaults of each task (its TaskSpec's), with which `qkv train TASK` reaches its target.
-TrainOptions default_options(const std::string& task);
+TrainOptions default_options(const std::string& task, std::size_t n = 0);
 
 struct TrainResult {
   Metrics eval;  // on held-out sequences

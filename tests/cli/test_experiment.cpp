@@ -1,5 +1,7 @@
 #include "tests/helpers.hpp"
 
+#include <map>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -112,7 +114,7 @@ TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown 
 
   ExperimentOptions bad = tiny("sorting", "bad");
   CHECK_THAT(invalid_argument_message([&] { run_experiment(bad, progress, false); }),
-             Contains("experiment: unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal)"));
+             Contains("experiment: unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal, symmetry)"));
 }
 
 TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater on top for at most 2 of 3") {
@@ -147,4 +149,23 @@ TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater
       CHECK(run.at("beater_top_max").get<double>() <= 2.0 / 3 + 1e-12);
   CHECK(dr.warnings.empty());
   std::filesystem::remove_all(d.out);
+}
+
+TEST_CASE("the symmetry experiment's grid: four kinds of head on six tasks, every run valid") {
+  const auto configs = experiment_spec("symmetry").plan({.name = "symmetry", .quick = true});
+  REQUIRE(configs.size() == 24);
+  std::map<std::string, int> per_task;
+  for (const ExperimentConfig& c : configs) {
+    INFO(c.labels.dump());
+    CHECK_NOTHROW(check_options(c.options));
+    ++per_task[c.labels["task"].get<std::string>()];
+    const std::string variant = c.labels["variant"];
+    CHECK(nn::name_of(c.options.model.qk) == (variant == "identity" ? std::string("untied") : variant));
+    CHECK((c.options.model.proj == nn::Projection::identity) == (variant == "identity"));
+  }
+  CHECK(per_task == std::map<std::string, int>{{"brackets", 4}, {"rps", 4}, {"line", 4}, {"cycle n=3", 4},
+                                               {"cycle n=5", 4}, {"induction", 4}});
+  CHECK(configs[12].options.n == 3);
+  CHECK(configs[16].options.n == 5);
+  CHECK(configs[16].options.model.vocab_size == 5);
 }

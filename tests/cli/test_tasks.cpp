@@ -5,6 +5,7 @@
 
 #include "examples/cli/tasks/tasks.hpp"
 #include "examples/cli/train.hpp"
+#include "tests/cli/short_run.hpp"
 
 using namespace qkv;
 using namespace qkv::cli;
@@ -145,7 +146,7 @@ TEST_CASE("score: accuracy over scored positions and exact match over sequences"
 
 TEST_CASE("an unknown task is named, with the known ones") {
   CHECK(invalid_argument_message([] { make_task("sorting"); }) ==
-        "task: unknown task 'sorting' (known: brackets, rps, induction)");
+        "task: unknown task 'sorting' (known: brackets, rps, induction, line, cycle)");
 }
 
 TEST_CASE("token names label every token of each task") {
@@ -162,10 +163,12 @@ TEST_CASE("token names label every token of each task") {
 }
 
 TEST_CASE("every registered task is whole: its generator, defaults that pass the checks, a target and budgets") {
-  CHECK(task_names() == std::vector<std::string>{"brackets", "rps", "induction"});
+  CHECK(task_names() == std::vector<std::string>{"brackets", "rps", "induction", "line", "cycle"});
   for (const TaskSpec& spec : task_registry()) {
     INFO(spec.name);
-    const auto task = spec.make();
+    const auto task = spec.make(spec.default_size);
+    CHECK(spec.sizes.empty() == (spec.default_size == 0));
+    for (std::size_t n : spec.sizes) CHECK_NOTHROW(check_options(default_options(spec.name, n)));
     CHECK(task->info().name == spec.name);
     const TrainOptions o = default_options(spec.name);
     CHECK_NOTHROW(check_options(o));
@@ -185,9 +188,62 @@ TEST_CASE("every registered task is whole: its generator, defaults that pass the
 }
 
 TEST_CASE("a pointer task's targets on an input: brackets point each closer at its opener") {
-  const auto& spec = task_spec("brackets");
-  const auto task = spec.make();
+  const auto task = make_task("brackets");
   CHECK(task->pointer_targets(task->encode("([])")) == std::vector<std::int64_t>{-100, -100, -100, 2, 1});
   CHECK_FALSE(task->pointer_targets(task->encode("(]")));
   CHECK_FALSE(make_task("rps")->pointer_targets({0, 9, 17}));
+}
+
+TEST_CASE("line and cycle: every value once, each pointing at the position of the next value") {
+  Generator gen(3);
+  const auto line = make_task("line", 5), cycle = make_task("cycle");
+  CHECK(line->info().vocab_size == 5);
+  CHECK(cycle->info().vocab_size == 5);  // cycle's default size
+  CHECK_FALSE(line->info().causal);
+  CHECK(line->info().readout == nn::Readout::pointer);
+  // By hand: in "3 0 4 1 2", 0 → 1 at position 3, 1 → 2 at 4, 2 → 3 at 0, 3 → 4 at 2; 4 points
+  // nowhere on a line and at 0 (position 1) on a cycle.
+  CHECK(line->pointer_targets(line->encode("3 0 4 1 2")) == std::vector<std::int64_t>{2, 3, -100, 4, 0});
+  CHECK(cycle->pointer_targets(cycle->encode("3 0 4 1 2")) == std::vector<std::int64_t>{2, 3, 1, 4, 0});
+  CHECK_FALSE(line->pointer_targets({0, 0, 1, 2, 3}));  // a value twice
+  for (const auto* task : {line.get(), cycle.get()}) {
+    const Batch b = task->sample(64, gen);
+    for (std::size_t i = 0; i < 64; ++i) {
+      const auto tokens = row(b.tokens, i);
+      CHECK(std::set<std::int64_t>(tokens.begin(), tokens.end()).size() == 5);
+      CHECK(row(b.targets, i) == *task->pointer_targets(tokens));
+    }
+  }
+  CHECK(invalid_argument_message([] { make_task("cycle", 4); }) == "cycle: n must be one of 3, 5, 7, not 4");
+  CHECK(invalid_argument_message([] { make_task("rps", 4); }) == "rps: the rps task has no size: n must be 0, not 4");
+  CHECK_THAT(invalid_argument_message([&] { line->encode("3 x"); }), Contains("cannot read 'x'"));
+}
+
+TEST_CASE("the relation probe: an untied head ranks a cycle, a symmetric one cannot put every successor on top") {
+  std::ostringstream quiet;
+  const auto trained = [&](const std::string& qk) {
+    TrainOptions o = qkv::test::short_run("cycle", "probe_" + qk, 600);
+    o.model.qk = *nn::from_name(nn::all_qk, qk);
+    train(o, quiet, false);
+    return load_model(o.out);
+  };
+  const auto untied = trained("untied");
+  const Probe u = task_spec("cycle").probe(*untied, 1);
+  const auto value = [](const Probe& p, const std::string& key) {
+    for (const auto& [k, v] : p.values)
+      if (k == key) return v;
+    FAIL("no " << key);
+    return 0.0;
+  };
+  CHECK(value(u, "top1") > 0.99);
+  CHECK(value(u, "pairwise") > 0.99);
+  CHECK(value(u, "alignment") > 0.3);  // the table's antisymmetric part points along the cycle
+  CHECK(u.violations.empty());
+  for (const std::string qk : {"tied", "symmetric"}) {
+    INFO(qk);
+    const Probe s = task_spec("cycle").probe(*trained(qk), 1);
+    CHECK(value(s, "top1_max") <= 4.0 / 5);  // the bound: at most n − 1 of n
+    CHECK(std::abs(value(s, "alignment")) < 1e-6);  // a symmetric table has no antisymmetric part
+    CHECK(s.violations.empty());
+  }
 }

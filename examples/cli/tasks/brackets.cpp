@@ -98,7 +98,7 @@ std::string BracketsTask::token_name(std::int64_t token) const {
 
 TaskSpec brackets_task() {
   return {.name = "brackets",
-          .make = [] { return std::make_unique<BracketsTask>(); },
+          .make = [](std::size_t) { return std::make_unique<BracketsTask>(); },
           .defaults = [](TrainOptions& o) { o.lr = 1e-2; },  // 3e-3 leaves some seeds short of 99% at 2,000 steps
           .target = 0.99,
           .experiment_steps = 1200,

@@ -28,37 +28,17 @@ Batch InductionTask::sample(std::size_t batch_size, Generator& gen) const {
   return batch;
 }
 
-std::string InductionTask::decode(const std::vector<std::int64_t>& tokens) const {
-  std::string text;
-  for (std::int64_t t : tokens) {
-    if (!text.empty()) text += ' ';
-    text += std::to_string(t);
-  }
-  return text;
-}
+std::string InductionTask::decode(const std::vector<std::int64_t>& tokens) const { return numbers_text(tokens); }
 
 std::vector<std::int64_t> InductionTask::encode(const std::string& text) const {
-  std::vector<std::int64_t> tokens;
-  std::istringstream words(text);
-  for (std::string w; words >> w;) {
-    std::size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(w, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != w.size() || v < 0 || v >= std::int64_t(vocab_))
-      fail("induction", "cannot read '{}' in \"{}\": tokens are numbers 0-{}", w, text, vocab_ - 1);
-    tokens.push_back(v);
-  }
-  return tokens;
+  return parse_numbers(text, vocab_, "induction");
 }
 
 std::string InductionTask::token_name(std::int64_t token) const { return std::to_string(token); }
 
 TaskSpec induction_task() {
   return {.name = "induction",
-          .make = [] { return std::make_unique<InductionTask>(); },
+          .make = [](std::size_t) { return std::make_unique<InductionTask>(); },
           .defaults =
               [](TrainOptions& o) {
                 o.model.layers = 2;

@@ -102,7 +102,7 @@ RpsTask::BeaterRanking RpsTask::beater_ranking(const nn::Transformer& m, std::ui
 
 TaskSpec rps_task() {
   return {.name = "rps",
-          .make = [] { return std::make_unique<RpsTask>(); },
+          .make = [](std::size_t) { return std::make_unique<RpsTask>(); },
           .defaults =
               [](TrainOptions& o) {
                 o.model.layers = 1;

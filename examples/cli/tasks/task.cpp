@@ -1,5 +1,7 @@
 #include "examples/cli/tasks/task.hpp"
 
+#include <sstream>
+
 #include <fmt/format.h>
 
 #include "examples/cli/registry.hpp"
@@ -11,6 +13,26 @@ IndexArray filled(std::size_t rows, std::size_t cols, std::int64_t value) {
   IndexArray a = IndexArray::from_shape({rows, cols});
   a.fill(value);
   return a;
+}
+
+std::string numbers_text(const std::vector<std::int64_t>& tokens) {
+  std::string text;
+  for (std::int64_t t : tokens) {
+    if (!text.empty()) text += ' ';
+    text += std::to_string(t);
+  }
+  return text;
+}
+
+std::vector<std::int64_t> parse_numbers(const std::string& text, std::size_t n, const std::string& task) {
+  std::vector<std::int64_t> tokens;
+  std::istringstream words(text);
+  for (std::string w; words >> w;) {
+    const auto v = parse_count(w);
+    if (!v || *v >= n) fail(task, "cannot read '{}' in \"{}\": tokens are numbers 0-{}", w, text, n - 1);
+    tokens.push_back(std::int64_t(*v));
+  }
+  return tokens;
 }
 
 Metrics score(const IndexArray& predictions, const Batch& batch) {
@@ -44,6 +66,17 @@ std::vector<std::string> task_names() { return names_of(task_registry()); }
 
 const TaskSpec& task_spec(const std::string& name) { return find_spec(task_registry(), name, "task"); }
 
-std::unique_ptr<Task> make_task(const std::string& name) { return task_spec(name).make(); }
+std::size_t task_size(const std::string& name, std::size_t n) {
+  const TaskSpec& spec = task_spec(name);
+  if (n == 0) return spec.default_size;
+  if (spec.sizes.empty()) fail(name, "the {} task has no size: n must be 0, not {}", name, n);
+  if (std::find(spec.sizes.begin(), spec.sizes.end(), n) == spec.sizes.end())
+    fail(name, "n must be one of {}, not {}", fmt::join(spec.sizes, ", "), n);
+  return n;
+}
+
+std::unique_ptr<Task> make_task(const std::string& name, std::size_t n) {
+  return task_spec(name).make(task_size(name, n));
+}
 
 }  // namespace qkv::cli

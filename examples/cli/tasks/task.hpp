@@ -47,6 +47,11 @@ struct Metrics {
 // A (rows, cols) array of one value.
 IndexArray filled(std::size_t rows, std::size_t cols, std::int64_t value);
 
+// Tokens that are numbers 0 … n − 1, as text "3 17 5", and back; `task` names the task in the
+// error for a word that is not such a number.
+std::string numbers_text(const std::vector<std::int64_t>& tokens);
+std::vector<std::int64_t> parse_numbers(const std::string& text, std::size_t n, const std::string& task);
+
 // Predictions (B, T) against a batch's targets.
 Metrics score(const IndexArray& predictions, const Batch& batch);
 
@@ -87,7 +92,10 @@ struct Probe {
 // tasks/registry.cpp; nothing else names a task.
 struct TaskSpec {
   std::string name;
-  std::function<std::unique_ptr<Task>()> make;  // the task with its default lengths
+  // The task with its default lengths, of size n (`qkv train cycle --n 5`) for a task that has sizes.
+  std::function<std::unique_ptr<Task>(std::size_t n)> make;
+  std::vector<std::size_t> sizes{};  // the sizes n it takes; empty: none (n is 0)
+  std::size_t default_size = 0;
   // Model and training settings of `qkv train NAME`, beyond the vocabulary, readout and mask
   // that the task's info sets; with them the task reaches `target` accuracy on held-out sequences.
   std::function<void(TrainOptions&)> defaults = [](TrainOptions&) {};
@@ -109,6 +117,10 @@ const std::vector<TaskSpec>& task_registry();
 std::vector<std::string> task_names();
 // Throws std::invalid_argument naming the task and listing the known ones.
 const TaskSpec& task_spec(const std::string& name);
-std::unique_ptr<Task> make_task(const std::string& name);
+// The task of size n (0: its default size, or none); std::invalid_argument naming the task and the
+// sizes it takes for any other n.
+std::unique_ptr<Task> make_task(const std::string& name, std::size_t n = 0);
+// n itself, or the task's default size for 0; the same errors.
+std::size_t task_size(const std::string& name, std::size_t n);
 
 }  // namespace qkv::cli

@@ -75,4 +75,41 @@ class InductionTask : public Task {
   TaskInfo info_;
 };
 
+// A relation between items: the numbers 0 … n−1, every one once, in a random order; each points at
+// the position of the next value, v + 1 (`line`: an acyclic relation, the largest value points
+// nowhere) or v + 1 mod n (`cycle`: rps's relation is the cycle of 3). Tokens are the values;
+// bidirectional attention; the readout points (head 0 of the last layer). Text: "3 0 2 1".
+class RelationTask : public Task {
+ public:
+  RelationTask(std::size_t n, bool cyclic);
+  const TaskInfo& info() const override { return info_; }
+  Batch sample(std::size_t batch_size, Generator& gen) const override;
+  std::string decode(const std::vector<std::int64_t>& tokens) const override;
+  std::vector<std::int64_t> encode(const std::string& text) const override;
+  std::string token_name(std::int64_t token) const override;
+  std::optional<std::vector<std::int64_t>> pointer_targets(const std::vector<std::int64_t>& tokens) const override;
+  // The value v points at, if any.
+  std::optional<std::int64_t> next(std::int64_t v) const;
+  std::size_t n() const { return n_; }
+  bool cyclic() const { return cyclic_; }
+
+  // What a trained model ranks, on 256 held-out sequences, from its readout's scores (pre-softmax):
+  //   top1         share of queries whose highest score is their successor
+  //   top1_max     the largest share of one sequence's queries that are right
+  //   pairwise     share of (query, other item) pairs where the successor scores higher
+  //   alignment    cosine between the antisymmetric part of the readout head's token table
+  //                (query token × key token, as inspect shows it) and R − Rᵀ, R the relation
+  // On a cycle, a symmetric score (tied, symmetric or identity heads) can put the successor on top
+  // for at most n − 1 of a sequence's n queries (docs/experiments.md proves it): a sequence with
+  // all n right is reported as a violation, a bug.
+  Probe probe(const nn::Transformer& model, std::uint64_t seed) const;
+  // The TaskSpec of `line` (sizes 3-16, default 8) or `cycle` (sizes 3, 5, 7, default 5).
+  static TaskSpec spec(bool cyclic);
+
+ private:
+  std::size_t n_;
+  bool cyclic_;
+  TaskInfo info_;
+};
+
 }  // namespace qkv::cli
