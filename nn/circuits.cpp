@@ -54,6 +54,48 @@ double antisymmetry(const Array<double>& a) {
   return std::sqrt(frobenius_squared(diff) / total);
 }
 
+std::optional<double> softmax_invariant_asymmetry(const Array<double>& s, const MaskArray& allowed) {
+  check_square("softmax_invariant_asymmetry", s);
+  const std::size_t T = s.shape()[0];
+  if (to_shape(allowed.shape()) != Shape{T, T})
+    fail("softmax_invariant_asymmetry", "mask of shape {} for scores of shape ({},{})", to_string(to_shape(allowed.shape())),
+         T, T);
+  // P: the pairs i ≠ j whose scores both count, S_ij (query i sees key j) and S_ji.
+  const auto in_p = [&](std::size_t i, std::size_t j) { return i != j && allowed(i, j) && allowed(j, i); };
+  // Each row centred over the keys its query sees: the constant softmax ignores.
+  Array<double> centred = s;
+  for (std::size_t i = 0; i < T; ++i) {
+    double total = 0, n = 0;
+    for (std::size_t j = 0; j < T; ++j)
+      if (allowed(i, j) && std::isfinite(s(i, j))) total += s(i, j), ++n;
+    for (std::size_t j = 0; j < T; ++j) centred(i, j) -= n > 0 ? total / n : 0;
+  }
+  // A = S − Sᵀ on P, less the part per-query constants c make, c_i − c_j: the c that minimises
+  // Σ_P (A_ij + c_i − c_j)² solves L c = −div A, L the Laplacian of P, div A_i = Σ_{j∈P(i)} A_ij.
+  Array<double> laplacian = xt::zeros<double>({T, T}), divergence = xt::zeros<double>({T});
+  std::size_t pairs = 0;
+  for (std::size_t i = 0; i < T; ++i)
+    for (std::size_t j = 0; j < T; ++j)
+      if (in_p(i, j)) {
+        if (!std::isfinite(s(i, j))) fail("softmax_invariant_asymmetry", "score ({},{}) is {}", i, j, s(i, j));
+        laplacian(i, i) += 1;
+        laplacian(i, j) -= 1;
+        divergence(i) -= s(i, j) - s(j, i);
+        ++pairs;
+      }
+  if (pairs == 0) return std::nullopt;
+  const Array<double> c = std::get<0>(xt::linalg::lstsq(laplacian, divergence));
+  double left = 0, total = 0;
+  for (std::size_t i = 0; i < T; ++i)
+    for (std::size_t j = 0; j < T; ++j)
+      if (in_p(i, j)) {
+        const double a = s(i, j) - s(j, i) + c(i) - c(j);
+        left += a * a;
+        total += centred(i, j) * centred(i, j);
+      }
+  return total > 0 ? std::sqrt(left / total) : 0.0;
+}
+
 MatrixSpectrum spectrum(const Array<double>& a) {
   if (a.dimension() != 2 || a.size() == 0)
     fail("spectrum", "needs a non-empty matrix, got shape {}", to_string(Shape(a.shape().begin(), a.shape().end())));

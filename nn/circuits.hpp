@@ -6,6 +6,7 @@
 //
 // Inspect A, never W_q or W_k alone: W_q M and W_k M⁻ᵀ give the same model for any invertible M.
 #include <complex>
+#include <optional>
 #include <vector>
 
 #include "qkv/nn/attention.hpp"
@@ -24,6 +25,17 @@ double symmetric_share(const Array<double>& a);
 // ‖A − Aᵀ‖_F / ‖A‖_F, in [0, 2]; equal to 2·√(1 − σ). Applied to the pre-softmax scores S of
 // a real input it is the score asymmetry: 0 when every i scores j as j scores i.
 double antisymmetry(const Array<double>& a);
+
+// The asymmetry of one head's scores that softmax can see, on one sequence: S (T, T) pre-softmax,
+// rows queries; `allowed` (T, T) true where query i may attend key j. Softmax ignores a constant
+// added to a query's row, so ‖S − Sᵀ‖ counts differences no weight shows; and a masked score is
+// never used. Over the pairs i ≠ j that see each other both ways: the part of S − Sᵀ that no
+// per-query constants c can cancel, min_c ‖S − Sᵀ + c1ᵀ − 1cᵀ‖, relative to ‖S‖ with each row
+// centred over the keys its query sees. 0 for any symmetric score (and it stays 0 when a query's
+// row is shifted); none when no pair sees each other both ways, as under a causal mask, where the
+// direction is the mask's. What is left is the cyclic part of the flow S − Sᵀ: rps's 3-cycle has
+// it, a ranking by a per-item value has none.
+std::optional<double> softmax_invariant_asymmetry(const Array<double>& scores, const MaskArray& allowed);
 
 struct MatrixSpectrum {
   std::vector<double> singular_values;             // descending

@@ -44,9 +44,14 @@ std::vector<std::vector<std::int64_t>> held_out_sequences(const Task& task, std:
   return out;
 }
 
-double readout_score_asymmetry(const nn::Transformer& m, const std::vector<std::vector<std::int64_t>>& inputs) {
+// The readout head's softmax-invariant score asymmetry, averaged over `inputs`; null for a causal model.
+Json readout_score_asymmetry(const nn::Transformer& m, const std::vector<std::vector<std::int64_t>>& inputs) {
   double total = 0;
-  for (const auto& input : inputs) total += score_asymmetries(m, input).back()[0];
+  for (const auto& input : inputs) {
+    const std::optional<double> a = score_asymmetries(m, input).back()[0];
+    if (!a) return nullptr;
+    total += *a;
+  }
   return total / double(inputs.size());
 }
 
@@ -110,7 +115,7 @@ std::string markdown_table(const std::string& name, const Json& runs) {
   if (groups.empty()) return "";
   std::vector<std::string> header;
   for (const auto& [key, value] : groups[0].labels.items()) header.push_back(key);
-  header.insert(header.end(), {"accuracy", "steps to target", "σ init", "σ", "score asymmetry"});
+  header.insert(header.end(), {"accuracy", "steps to target", "σ init", "σ", "asymmetry init", "asymmetry"});
   // The experiment's own columns, then those of each task's probe.
   std::vector<Column> extras = experiment_spec(name).columns;
   std::vector<std::string> tasks;
@@ -133,6 +138,7 @@ std::string markdown_table(const std::string& name, const Json& runs) {
                                     : fmt::format("{} ({}/{})", mean_sd(reached, "{:.0f}"), reached.size(), g.runs.size()));
     cells.push_back(mean_sd(column(g, "sigma_init"), "{:.3f}"));
     cells.push_back(mean_sd(column(g, "sigma"), "{:.3f}"));
+    cells.push_back(mean_sd(column(g, "score_asymmetry_init"), "{:.3f}"));
     cells.push_back(mean_sd(column(g, "score_asymmetry"), "{:.3f}"));
     for (const Column& x : extras) cells.push_back(mean_sd(column(g, x.key.c_str()), x.format.c_str()));
     out += "| " + fmt::format("{}", fmt::join(cells, " | ")) + " |\n";
@@ -238,6 +244,7 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
         Generator gen(o.seed);  // the same init as train()'s
         nn::Transformer init(o.model, gen);
         run["sigma_init"] = readout_sigma(init);
+        run["score_asymmetry_init"] = readout_score_asymmetry(init, sequences);
         if (spec.at_init) spec.at_init(run, init, *task, sequences, seed);
       }
       progress << fmt::format("[{:>3}/{}] {}, seed {}", done + 1, total, label_text(config.labels), seed)

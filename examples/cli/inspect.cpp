@@ -122,7 +122,7 @@ std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, cons
   };
 }
 
-std::string weight_text(const std::optional<double>& v) { return v ? fmt::format("{:.3f}", *v) : "-"; }
+std::string number_text(const std::optional<double>& v) { return v ? fmt::format("{:.3f}", *v) : "-"; }
 
 }  // namespace
 
@@ -147,19 +147,27 @@ IndexArray one_row(const std::vector<std::int64_t>& input) {
   return tokens;
 }
 
-std::vector<std::vector<double>> score_asymmetries(const nn::Transformer& model, const nn::TransformerOutput& f) {
-  std::vector<std::vector<double>> out;
+std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
+                                                                  const nn::TransformerOutput& f) {
+  const std::size_t T = f.inputs.front().size(1);
+  MaskArray allowed = xt::ones<bool>(Shape{T, T});  // the model's mask, as its heads apply it
+  if (model.config().causal)
+    for (std::size_t i = 0; i < T; ++i)
+      for (std::size_t j = i + 1; j < T; ++j) allowed(i, j) = false;
+  std::vector<std::vector<std::optional<double>>> out;
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
-    const Tensor scores = model.blocks[l]->attn.forward(f.inputs[l], {}, true).scores;
+    const Tensor scores = model.blocks[l]->attn.forward(f.inputs[l], {.causal = model.config().causal}, true).scores;
     out.emplace_back();
-    for (std::size_t h = 0; h < scores.size(1); ++h) out.back().push_back(nn::antisymmetry(head_matrix(scores, h)));
+    for (std::size_t h = 0; h < scores.size(1); ++h)
+      out.back().push_back(nn::softmax_invariant_asymmetry(head_matrix(scores, h), allowed));
   }
   return out;
 }
 
 }  // namespace
 
-std::vector<std::vector<double>> score_asymmetries(const nn::Transformer& model, const std::vector<std::int64_t>& input) {
+std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
+                                                                  const std::vector<std::int64_t>& input) {
   NoGradGuard no_grad;
   return score_asymmetries(model, model.forward(one_row(input), false));
 }
@@ -182,7 +190,7 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
   for (std::int64_t t : input) r.input_names.push_back(task.token_name(t));
 
   const nn::TransformerOutput f = model.forward(one_row(input), true);
-  const std::vector<std::vector<double>> asymmetry = score_asymmetries(model, f);
+  const std::vector<std::vector<std::optional<double>>> asymmetry = score_asymmetries(model, f);
   // A pointer task's targets on the input: the weight each head puts on them.
   std::vector<std::int64_t> targets;
   if (task.info().readout == nn::Readout::pointer) {
@@ -266,7 +274,7 @@ nlohmann::json to_json(const Inspection& in) {
                     {"position_qk", {{"positions", h.position_qk.shape()[0]}, {"scores", matrix_json(h.position_qk)}}}});
       att.push_back(matrix_json(h.attention));
       sc.push_back(matrix_json(h.scores));
-      as.push_back(h.score_asymmetry);
+      as.push_back(h.score_asymmetry ? nlohmann::json(*h.score_asymmetry) : nlohmann::json(nullptr));
       op.push_back(h.target_attention ? nlohmann::json(*h.target_attention) : nlohmann::json(nullptr));
     }
     layers.push_back({{"heads", hs}});
@@ -310,13 +318,14 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
       << (in.target_name.empty() ? "" : "  weight on " + in.target_name) << "\n";
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads)
-      out << fmt::format("{:>5} {:>4}   {:.3f}  {:>10.3f}  {:>11.2f}  {:>4}  {:>15.3f}{}\n", h.layer, h.head, h.sigma,
-                         h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank, h.score_asymmetry,
-                         in.target_name.empty() ? "" : fmt::format("  {:>17}", weight_text(h.target_attention)));
+      out << fmt::format("{:>5} {:>4}   {:.3f}  {:>10.3f}  {:>11.2f}  {:>4}  {:>15}{}\n", h.layer, h.head, h.sigma,
+                         h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank, number_text(h.score_asymmetry),
+                         in.target_name.empty() ? "" : fmt::format("  {:>17}", number_text(h.target_attention)));
   out << "σ = ‖(A+Aᵀ)/2‖² / ‖A‖² is 1 for a symmetric A (tied or identity), about 0.5 + 1/(2·d_model) = "
       << fmt::format("{:.3f}", 0.5 + 0.5 / double(c.d_model))
-      << " for a random untied one.\nScore asymmetry is ‖S−Sᵀ‖/‖S‖ of the input's pre-softmax scores over all "
-         "pairs of its tokens.\n";
+      << " for a random untied one.\nScore asymmetry: the part of S−Sᵀ, on the input's pre-softmax scores S, that "
+         "no per-query constant (which softmax ignores) cancels, relative to ‖S‖, over the pairs that see each other "
+         "both ways; '-' under a causal mask, where none do.\n";
 
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
@@ -334,7 +343,7 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
       out << fmt::format("  OV circuit W_v W_o: stable rank {:.2f}, rank {}, singular values {}\n",
                          h.ov_spectrum.stable_rank, h.ov_spectrum.rank,
                          values_text(h.ov_spectrum.singular_values, h.ov_spectrum.rank));
-      out << fmt::format("  on the input: score asymmetry {:.3f}", h.score_asymmetry);
+      out << fmt::format("  on the input: score asymmetry {}", number_text(h.score_asymmetry));
       if (h.target_attention)
         out << fmt::format(", scored queries put {:.3f} of their weight on their {}", *h.target_attention, in.target_name);
       out << "\n\n";
@@ -374,8 +383,9 @@ tied W_q = W_k cannot express. <b>Position QK</b>: the same with only a position
 <b>QK circuit</b>: A = W_q W_kᵀ in the residual basis, the matrix whose bilinear form is the score.</p>
 <p><b>σ</b> = ‖(A+Aᵀ)/2‖²/‖A‖² is the symmetric share of A: exactly 1 for tied or identity projections, and already
 about 0.5 + 1/(2·d_model) for a random untied head, so σ alone does not show what was learned; the tables and the
-attention pattern do. <b>Score asymmetry</b> is ‖S−Sᵀ‖/‖S‖ of the input's pre-softmax scores over all pairs of its
-tokens. Hover over a cell for its value. In a causal model the position table greys out the keys after the query,
+attention pattern do. <b>Score asymmetry</b> is the part of S−Sᵀ, on the input's pre-softmax scores S, that no
+per-query constant (which softmax ignores) cancels, relative to ‖S‖, over the pairs that see each other both ways;
+'-' under a causal mask, where none do. Hover over a cell for its value. In a causal model the position table greys out the keys after the query,
 which the mask hides.</p></div>
 )";
   s += "<table><tr><th>layer</th><th>head</th><th>σ</th><th>‖A−Aᵀ‖/‖A‖</th><th>stable rank</th><th>rank</th>"
@@ -384,10 +394,10 @@ which the mask hides.</p></div>
   s += "</tr>\n";
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
-      s += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.2f}</td><td>{}</td><td>{:.3f}</td>",
+      s += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.2f}</td><td>{}</td><td>{}</td>",
                        h.layer, h.head, h.sigma, h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank,
-                       h.score_asymmetry);
-      if (!in.target_name.empty()) s += fmt::format("<td>{}</td>", weight_text(h.target_attention));
+                       number_text(h.score_asymmetry));
+      if (!in.target_name.empty()) s += fmt::format("<td>{}</td>", number_text(h.target_attention));
       s += "</tr>\n";
     }
   s += "</table>\n";
@@ -398,12 +408,12 @@ which the mask hides.</p></div>
         s += fmt::format("{}{} {} (‖·‖ {:.3g})", m ? ", " : "", matrix_names[m], shape_text(h.shapes[m]), h.norms[m]);
       s += fmt::format(".<br>QK circuit: σ {:.3f}, antisymmetry {:.3f}, stable rank {:.2f}, rank {}; singular values {}; "
                        "eigenvalues {}.<br>OV circuit: stable rank {:.2f}, rank {}, singular values {}.<br>"
-                       "On the input: score asymmetry {:.3f}",
+                       "On the input: score asymmetry {}",
                        h.sigma, h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank,
                        values_text(h.qk_spectrum.singular_values, h.qk_spectrum.rank),
                        eigen_text(significant(h.qk_spectrum.eigenvalues)), h.ov_spectrum.stable_rank,
                        h.ov_spectrum.rank, values_text(h.ov_spectrum.singular_values, h.ov_spectrum.rank),
-                       h.score_asymmetry);
+                       number_text(h.score_asymmetry));
       if (h.target_attention)
         s += fmt::format("; scored queries put {:.3f} of their weight on their {}", *h.target_attention,
                          escape_xml(in.target_name));

@@ -34,9 +34,9 @@ struct HeadInspection {
   Array<double> token_qk, position_qk;
   // On the input: weights and pre-softmax scores (−inf where masked), (T, T).
   Array<double> attention, scores;
-  // ‖S − Sᵀ‖ / ‖S‖ of the input's scores over all pairs of its tokens, the causal mask lifted
-  // (a causal mask hides one score of every pair).
-  double score_asymmetry = 0;
+  // The input's score asymmetry that softmax can see (nn::softmax_invariant_asymmetry); none under
+  // a causal mask, where no two positions see each other both ways.
+  std::optional<double> score_asymmetry;
   // Pointer tasks: the mean weight a scored query puts on its target (brackets: a closer on its
   // opener); none when the input is not one the task would generate.
   std::optional<double> target_attention;
@@ -55,9 +55,10 @@ struct Inspection {
 // A typical sequence of the task: the first of a fixed stream at least 3/4 of the longest length.
 std::vector<std::int64_t> typical_input(const Task& task);
 
-// ‖S − Sᵀ‖ / ‖S‖ per layer and head of the pre-softmax scores S the model gives `input` (one
-// sequence, no padding), over all pairs of its tokens: the causal mask lifted.
-std::vector<std::vector<double>> score_asymmetries(const nn::Transformer& model, const std::vector<std::int64_t>& input);
+// nn::softmax_invariant_asymmetry per layer and head of the pre-softmax scores the model gives
+// `input` (one sequence, no padding) under its mask; none for a causal model.
+std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
+                                                                  const std::vector<std::int64_t>& input);
 
 // Everything `qkv inspect` shows, for `input` (token ids; at most the model's max_len).
 Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input,

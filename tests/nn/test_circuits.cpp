@@ -139,3 +139,39 @@ TEST_CASE("the mean sigma of random untied heads is about 0.5 + 1 over 2 d_model
     CHECK(mean < 0.75);
   }
 }
+
+TEST_CASE("softmax-invariant score asymmetry: 0 for symmetric scores and rankings, the cyclic part otherwise") {
+  const MaskArray all = xt::ones<bool>(Shape{3, 3});
+  // A 3-cycle: S_ij = 1 for j = i + 1, −1 for j = i − 1 (mod 3). S − Sᵀ = 2S has no part a
+  // per-query constant can cancel (every row of it sums to 0), so all of it is left: ‖2S‖ over
+  // the 6 pairs is √24, and ‖S‖ with rows centred (their mean is 0) is √6: 2.
+  const Array<double> cycle = {{0, 1, -1}, {-1, 0, 1}, {1, -1, 0}};
+  CHECK(*softmax_invariant_asymmetry(cycle, all) == Approx(2.0).epsilon(1e-12));
+  // A ranking, every query preferring the same keys, S_ij = v_j: S − Sᵀ = v_j − v_i, all of it
+  // cancelled by c = v (a symmetric S_ij + v_i = v_i + v_j gives the same weights).
+  const Array<double> ranking = {{0.5, 2, -1}, {0.5, 2, -1}, {0.5, 2, -1}};
+  CHECK(*softmax_invariant_asymmetry(ranking, all) < 1e-12);
+  CHECK(antisymmetry(ranking) > 1);  // which ‖S − Sᵀ‖/‖S‖ counts
+  // Symmetric scores give 0, and stay 0 with a constant added to each query's row.
+  Generator gen(2);
+  Array<double> sym = randn({5, 5}, DType::float64, gen).value<double>();
+  sym = sym + xt::transpose(sym);
+  const MaskArray all5 = xt::ones<bool>(Shape{5, 5});
+  CHECK(*softmax_invariant_asymmetry(sym, all5) < 1e-12);
+  const Array<double> shifts = xt::view(randn({5}, DType::float64, gen).value<double>(), xt::all(), xt::newaxis());
+  CHECK(*softmax_invariant_asymmetry(sym + shifts, all5) < 1e-12);
+  // Any S: shifting a query's row changes nothing.
+  const Array<double> s = randn({5, 5}, DType::float64, gen).value<double>();
+  CHECK(*softmax_invariant_asymmetry(s + shifts, all5) == Approx(*softmax_invariant_asymmetry(s, all5)).epsilon(1e-12));
+  // Under a causal mask no pair sees each other both ways: none. With a padding key, its pairs drop.
+  MaskArray causal = all;
+  causal(0, 1) = causal(0, 2) = causal(1, 2) = false;
+  CHECK_FALSE(softmax_invariant_asymmetry(cycle, causal));
+  MaskArray padded = all5;
+  xt::view(padded, xt::all(), 4) = false;  // key 4 is padding
+  Array<double> noisy = sym;
+  noisy(1, 4) += 100;  // a score no query may use
+  CHECK(*softmax_invariant_asymmetry(noisy, padded) < 1e-12);
+  CHECK_THAT(invalid_argument_message([&] { softmax_invariant_asymmetry(cycle, all5); }),
+             Contains("softmax_invariant_asymmetry: mask of shape (5,5) for scores of shape (3,3)"));
+}
