@@ -34,6 +34,8 @@ MultiHeadAttentionOptions resolve(MultiHeadAttentionOptions o) {
   if (o.qk != QK::untied && (o.n_kv_heads != o.n_heads || o.kdim != o.d_model))
     fail(who, "qk={} needs n_kv_heads = n_heads and kdim = d_model (got n_kv_heads {}, n_heads {}, kdim {}, d_model {})",
          o.qk == QK::tied ? "tied" : "symmetric", o.n_kv_heads, o.n_heads, o.kdim, o.d_model);
+  if (o.qk == QK::symmetric && o.d_head < 2)
+    fail(who, "qk=symmetric needs d_head of at least 2 (one +1 and one −1 sign), got {}", o.d_head);
   if (o.proj == Projection::identity) {
     if (o.d_head * o.n_heads != o.d_model)
       fail(who, "proj=identity needs d_head·n_heads = d_model, got {}·{} = {} and d_model {}", o.d_head, o.n_heads,

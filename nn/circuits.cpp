@@ -77,7 +77,7 @@ std::optional<double> softmax_invariant_asymmetry(const Array<double>& s, const 
   for (std::size_t i = 0; i < T; ++i)
     for (std::size_t j = 0; j < T; ++j)
       if (in_p(i, j)) {
-        if (!std::isfinite(s(i, j))) fail("softmax_invariant_asymmetry", "score ({},{}) is {}", i, j, s(i, j));
+        if (!std::isfinite(s(i, j))) return std::nullopt;  // a diverged model: nothing to measure
         laplacian(i, i) += 1;
         laplacian(i, j) -= 1;
         divergence(i) -= s(i, j) - s(j, i);

@@ -19,11 +19,11 @@ Array<double> qk_circuit(const MultiHeadAttention& attention, std::size_t h);
 Array<double> ov_circuit(const MultiHeadAttention& attention, std::size_t h);
 
 // The symmetric-energy share σ = ‖(A+Aᵀ)/2‖²_F / ‖A‖²_F of a square matrix: 1 when A is
-// symmetric (tied or identity projections), 0 when it is antisymmetric, and about
+// symmetric (tied, symmetric or identity projections), 0 when it is antisymmetric, and about
 // 0.5 + 1/(2n) for a random n × n product of untied Gaussian projections.
 double symmetric_share(const Array<double>& a);
 // ‖A − Aᵀ‖_F / ‖A‖_F, in [0, 2]; equal to 2·√(1 − σ). Applied to the pre-softmax scores S of
-// a real input it is the score asymmetry: 0 when every i scores j as j scores i.
+// a real input it counts differences softmax never sees (softmax_invariant_asymmetry does not).
 double antisymmetry(const Array<double>& a);
 
 // The asymmetry of one head's scores that softmax can see, on one sequence: S (T, T) pre-softmax,
@@ -33,7 +33,7 @@ double antisymmetry(const Array<double>& a);
 // per-query constants c can cancel, min_c ‖S − Sᵀ + c1ᵀ − 1cᵀ‖, relative to ‖S‖ with each row
 // centred over the keys its query sees. 0 for any symmetric score (and it stays 0 when a query's
 // row is shifted); none when no pair sees each other both ways, as under a causal mask, where the
-// direction is the mask's. What is left is the cyclic part of the flow S − Sᵀ: rps's 3-cycle has
+// direction is the mask's, or when one of their scores is not finite. What is left is the cyclic part of the flow S − Sᵀ: rps's 3-cycle has
 // it, a ranking by a per-item value has none.
 std::optional<double> softmax_invariant_asymmetry(const Array<double>& scores, const MaskArray& allowed);
 

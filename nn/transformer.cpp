@@ -77,6 +77,9 @@ void check(const TransformerConfig& c) {
   if (c.kv_heads != 0 && c.heads % c.kv_heads != 0)
     config_error("kv_heads", "{} does not divide heads {}", c.kv_heads, c.heads);
   const bool shared_kv = c.kv_heads != 0 && c.kv_heads != c.heads;
+  if (c.qk == QK::symmetric && (c.d_head ? c.d_head : c.d_model / c.heads) < 2)
+    config_error("d_head", "is {}: symmetric q and k need d_head of at least 2 (one +1 and one −1 sign)",
+                 c.d_head ? c.d_head : c.d_model / c.heads);
   if (c.qk != QK::untied && shared_kv)
     config_error("kv_heads", "is {}: {} q and k need as many kv heads as heads ({})", c.kv_heads, name_of(c.qk), c.heads);
   if (c.proj == Projection::identity && shared_kv)
@@ -85,6 +88,8 @@ void check(const TransformerConfig& c) {
     config_error("d_head", "is {}: identity projections need d_head · heads = d_model ({} · {} ≠ {})", c.d_head,
                  c.d_head, c.heads, c.d_model);
 }
+
+bool symmetric_scores(const TransformerConfig& c) { return c.qk != QK::untied || c.proj == Projection::identity; }
 
 double parameter_count(const TransformerConfig& c) {
   const double D = double(c.d_model), H = double(c.heads), Hkv = double(c.kv_heads ? c.kv_heads : c.heads);

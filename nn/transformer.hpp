@@ -63,9 +63,13 @@ struct ConfigError : std::invalid_argument {
 
 // Throws ConfigError for a config that cannot build a model: a size of 0, heads that do not divide
 // d_model (without d_head), kv_heads that do not divide heads, n_classes 0 with the token readout
-// (or not 0 with the pointer one), tied or identity projections with shared kv heads, identity
+// (or not 0 with the pointer one), tied, symmetric or identity projections with shared kv heads,
+// symmetric q and k with d_head 1, identity
 // projections whose heads do not tile d_model.
 void check(const TransformerConfig& config);
+
+// Whether every head's scores are symmetric, S = Sᵀ: tied, symmetric and identity heads.
+bool symmetric_scores(const TransformerConfig& config);
 
 // The number of parameter elements a model of this config has (a double: absurd configs must
 // not wrap), so that memory can be checked before anything is allocated.

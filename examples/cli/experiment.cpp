@@ -44,15 +44,13 @@ std::vector<std::vector<std::int64_t>> held_out_sequences(const Task& task, std:
   return out;
 }
 
-// The readout head's softmax-invariant score asymmetry, averaged over `inputs`; null for a causal model.
+// The readout head's softmax-invariant score asymmetry, averaged over the inputs that have one; null
+// when none has (a causal model).
 Json readout_score_asymmetry(const nn::Transformer& m, const std::vector<std::vector<std::int64_t>>& inputs) {
-  double total = 0;
-  for (const auto& input : inputs) {
-    const std::optional<double> a = score_asymmetries(m, input).back()[0];
-    if (!a) return nullptr;
-    total += *a;
-  }
-  return total / double(inputs.size());
+  double total = 0, n = 0;
+  for (const auto& input : inputs)
+    if (const std::optional<double> a = score_asymmetries(m, input).back()[0]) total += *a, ++n;
+  return n > 0 ? Json(total / n) : Json(nullptr);
 }
 
 struct Stats {

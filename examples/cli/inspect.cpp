@@ -321,7 +321,7 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
       out << fmt::format("{:>5} {:>4}   {:.3f}  {:>10.3f}  {:>11.2f}  {:>4}  {:>15}{}\n", h.layer, h.head, h.sigma,
                          h.antisymmetry, h.qk_spectrum.stable_rank, h.qk_spectrum.rank, number_text(h.score_asymmetry),
                          in.target_name.empty() ? "" : fmt::format("  {:>17}", number_text(h.target_attention)));
-  out << "σ = ‖(A+Aᵀ)/2‖² / ‖A‖² is 1 for a symmetric A (tied or identity), about 0.5 + 1/(2·d_model) = "
+  out << "σ = ‖(A+Aᵀ)/2‖² / ‖A‖² is 1 for a symmetric A (tied, symmetric or identity), about 0.5 + 1/(2·d_model) = "
       << fmt::format("{:.3f}", 0.5 + 0.5 / double(c.d_model))
       << " for a random untied one.\nScore asymmetry: the part of S−Sᵀ, on the input's pre-softmax scores S, that "
          "no per-query constant (which softmax ignores) cancels, relative to ‖S‖, over the pairs that see each other "
@@ -381,7 +381,7 @@ embedding in the stream (after the layer's LayerNorm; positions left out). Red: 
 avoids it. An asymmetric table (row a, column b differs from row b, column a) is a relation with a direction, which a
 tied W_q = W_k cannot express. <b>Position QK</b>: the same with only a position's embedding.
 <b>QK circuit</b>: A = W_q W_kᵀ in the residual basis, the matrix whose bilinear form is the score.</p>
-<p><b>σ</b> = ‖(A+Aᵀ)/2‖²/‖A‖² is the symmetric share of A: exactly 1 for tied or identity projections, and already
+<p><b>σ</b> = ‖(A+Aᵀ)/2‖²/‖A‖² is the symmetric share of A: exactly 1 for tied, symmetric or identity projections, and already
 about 0.5 + 1/(2·d_model) for a random untied head, so σ alone does not show what was learned; the tables and the
 attention pattern do. <b>Score asymmetry</b> is the part of S−Sᵀ, on the input's pre-softmax scores S, that no
 per-query constant (which softmax ignores) cancels, relative to ‖S‖, over the pairs that see each other both ways;

@@ -197,8 +197,12 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train a model on a task");
   train_cmd->add_option("TASK", task, fmt::format("{}", fmt::join(task_names(), ", ")))->required()->check(CLI::IsMember(task_names()));
   train_cmd->add_option("--out", out, "Run folder (default runs/TASK)");
-  train_cmd->add_option("--n", task_n, "The task's size: line 3-16 (default 8), cycle 3, 5 or 7 (default 5)")
-      ->check(whole(1, 64));
+  std::string sizes_text;
+  for (const TaskSpec& spec : task_registry())
+    if (!spec.sizes.empty())
+      sizes_text += fmt::format("{}{} {} (default {})", sizes_text.empty() ? "" : "; ", spec.name,
+                                fmt::join(spec.sizes, ","), spec.default_size);
+  train_cmd->add_option("--n", task_n, "The task's size: " + sizes_text)->check(whole(1, 1000));
   train_cmd->add_option("--seed", seed, "Seed of every random draw")->check(whole(0, UINT64_MAX));
   train_cmd->add_option("--steps", steps, "Optimizer steps")->check(count);
   train_cmd->add_option("--layers", layers, "Attention layers")->check(whole(1, max_layers));

@@ -215,7 +215,7 @@ TEST_CASE("line and cycle: every value once, each pointing at the position of th
     }
   }
   CHECK(invalid_argument_message([] { make_task("cycle", 4); }) == "cycle: n must be one of 3, 5, 7, not 4");
-  CHECK(invalid_argument_message([] { make_task("rps", 4); }) == "rps: the rps task has no size: n must be 0, not 4");
+  CHECK(invalid_argument_message([] { make_task("rps", 4); }) == "rps: the rps task takes no size (n), got 4");
   CHECK_THAT(invalid_argument_message([&] { line->encode("3 x"); }), Contains("cannot read 'x'"));
 }
 

@@ -325,4 +325,9 @@ TEST_CASE("QK symmetric: k = q times a fixed sign vector, scores exactly symmetr
   const MultiHeadAttention tied(o, same);
   const Array<double> gram = matmul(tied.W_q(0), transpose(tied.W_k(0), 0, 1)).value<double>();
   CHECK(xt::amin(std::get<0>(xt::linalg::eigh(gram)))() > -1e-12);
+  // With d_head 1 there is no −1 to make: it would be a tied head, and is refused.
+  o.qk = QK::symmetric;
+  o.d_head = 1;
+  CHECK_THAT(invalid_argument_message([&] { MultiHeadAttention{o}; }),
+             Contains("qk=symmetric needs d_head of at least 2"));
 }

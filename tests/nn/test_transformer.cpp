@@ -115,6 +115,10 @@ TEST_CASE("a config that cannot build a model names the field at fault") {
   CHECK(field([](auto& c) { c.heads = 4; c.kv_heads = 2; c.qk = nn::QK::tied; }) == "kv_heads");
   CHECK(field([](auto& c) { c.d_head = 3; c.proj = nn::Projection::identity; }) == "d_head");
   CHECK(field([](auto& c) { c.layers = 0; }) == "layers");
+  CHECK(field([](auto& c) { c.qk = nn::QK::symmetric; c.d_head = 1; }) == "d_head");
+  CHECK(field([](auto& c) { c.qk = nn::QK::symmetric; c.heads = 8; }) == "d_head");  // d_model 8 / 8 heads = 1
+  CHECK(field([](auto& c) { c.qk = nn::QK::symmetric; c.heads = 4; }) == "(none)");  // d_head 2: one of each sign
+
   Generator gen(0);
   nn::TransformerConfig bad = small_config();
   bad.heads = 3;

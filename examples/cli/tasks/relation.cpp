@@ -108,9 +108,7 @@ Probe RelationTask::probe(const nn::Transformer& model, std::uint64_t seed) cons
     }
   p.values.emplace_back("alignment", table_norm > 0 ? dot / std::sqrt(table_norm * relation_norm) : 0.0);
 
-  const nn::TransformerConfig& c = model.config();
-  const bool symmetric = c.qk != nn::QK::untied || c.proj == nn::Projection::identity;
-  if (cyclic_ && symmetric && best_sequence > 1 - 0.5 / double(n_))
+  if (cyclic_ && nn::symmetric_scores(model.config()) && best_sequence > 1 - 0.5 / double(n_))
     p.violations.push_back(fmt::format("a symmetric score put every successor of a {}-cycle on top in a sequence, "
                                        "which it cannot: a bug", n_));
   return p;

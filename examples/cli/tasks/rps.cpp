@@ -71,7 +71,7 @@ std::string RpsTask::token_name(std::int64_t token) const { return decode({token
 
 // Two kinds of score can put the beater on top for at most two of a sequence's three queries, so
 // their largest share is at most 2/3, exactly:
-// - symmetric scores (tied or identity heads), since the three wins would need
+// - symmetric scores (tied, symmetric or identity heads), since the three wins would need
 //   s(R,P) > s(R,S) = s(S,R) > s(S,P) = s(P,S) > s(P,R) = s(R,P);
 // - rank-1 scores (d_head = 1), s(i,j) = q_i·k_j with scalars q and k: a query's highest score
 //   falls on the item of largest k (q > 0) or of smallest k (q < 0), so two of the three items
@@ -119,7 +119,7 @@ TaskSpec rps_task() {
                 Probe p{.values = {{"beater_top", r.mean}, {"beater_top_max", r.max}}, .violations = {}};
                 const nn::TransformerConfig& c = model.config();
                 const std::size_t d_head = c.d_head ? c.d_head : c.d_model / c.heads;
-                const bool bounded = c.qk != nn::QK::untied || c.proj == nn::Projection::identity || d_head == 1;
+                const bool bounded = nn::symmetric_scores(c) || d_head == 1;
                 if (bounded && r.max > 2.0 / 3 + 1e-9)
                   p.violations.push_back("a symmetric or rank-1 score put every beater on top in a sequence, which it "
                                          "cannot: a bug");

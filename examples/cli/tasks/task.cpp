@@ -69,7 +69,7 @@ const TaskSpec& task_spec(const std::string& name) { return find_spec(task_regis
 std::size_t task_size(const std::string& name, std::size_t n) {
   const TaskSpec& spec = task_spec(name);
   if (n == 0) return spec.default_size;
-  if (spec.sizes.empty()) fail(name, "the {} task has no size: n must be 0, not {}", name, n);
+  if (spec.sizes.empty()) fail(name, "the {} task takes no size (n), got {}", name, n);
   if (std::find(spec.sizes.begin(), spec.sizes.end(), n) == spec.sizes.end())
     fail(name, "n must be one of {}, not {}", fmt::join(spec.sizes, ", "), n);
   return n;
