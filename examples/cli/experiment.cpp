@@ -223,7 +223,7 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   result.runs = Json::array();
   const std::size_t total = configs.size() * seeds;
   std::size_t done = 0;
-  for (std::uint64_t seed = 0; seed < seeds; ++seed)
+  for (std::uint64_t seed = e.seed_start; seed < e.seed_start + seeds; ++seed)
     for (std::size_t c = 0; c < configs.size(); ++c) {
       const ExperimentConfig& config = configs[c];
       TrainOptions o = config.options;
@@ -274,7 +274,8 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   result.table = markdown_table(e.name, result.runs);
   for (const std::string& w : result.warnings) result.table += "\nWARNING: " + w + "\n";
   result.chart = accuracy_chart(e.name, result.runs);
-  const Json file = {{"experiment", e.name}, {"quick", e.quick}, {"seeds", seeds}, {"runs", result.runs}};
+  const Json file = {{"experiment", e.name}, {"quick", e.quick}, {"seed_start", e.seed_start}, {"seeds", seeds},
+                     {"runs", result.runs}};
   nn::write_atomically(out + "/results.json", file.dump(1) + "\n");
   nn::write_atomically(out + "/" + e.name + ".svg", result.chart);
   nn::write_atomically(out + "/table.md", result.table);

@@ -21,6 +21,7 @@ struct ExperimentOptions {
   std::string name;
   bool quick = false;      // one seed and fewer steps: under 2 minutes
   std::size_t seeds = 0;   // 0: 5, or 1 with quick
+  std::uint64_t seed_start = 0;  // the seeds are seed_start, seed_start + 1, …
   std::string out{};       // "" means runs/experiment-NAME
   std::size_t steps = 0;   // 0: the experiment's own; anything else overrides every run's
   std::size_t eval_batches = 32;  // of 32 held-out sequences, for the final accuracy

@@ -255,6 +255,8 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::IsMember(experiment_names()));
   experiment_cmd->add_flag("--quick", experiment.quick, "One seed and fewer steps: under 2 minutes");
+  experiment_cmd->add_option("--seed-start", experiment.seed_start, "The first seed (default 0)")
+      ->check(whole(0, 1'000'000'000));
   experiment_cmd->add_option("--seeds", experiment_seeds, "Seeds per configuration (default 5; 1 with --quick)")
       ->check(whole(1, 1000));
   experiment_cmd->add_option("--out", experiment.out, "Folder for results.json, the chart and the runs");

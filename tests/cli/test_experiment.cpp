@@ -175,3 +175,23 @@ TEST_CASE("the symmetry experiment's grid: four kinds of head on six tasks, ever
   CHECK(configs[16].options.n == 5);
   CHECK(configs[16].options.model.vocab_size == 5);
 }
+
+TEST_CASE("experiment seeds: --seed-start picks the first seed, and a run's numbers depend on its seed alone") {
+  std::ostringstream progress;
+  ExperimentOptions two = tiny("kv", "seeds_two", 2), one = tiny("kv", "seeds_one", 1);
+  two.seed_start = 2;  // seeds 2 and 3
+  one.seed_start = 3;  // seed 3
+  const ExperimentResult a = run_experiment(two, progress, false), b = run_experiment(one, progress, false);
+  REQUIRE(a.runs.size() == 6);  // MHA, GQA, MQA × 2 seeds
+  REQUIRE(b.runs.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(a.runs[i].at("seed") == 2);
+    const auto& x = a.runs[3 + i];
+    const auto& y = b.runs[i];
+    CHECK(x.at("seed") == 3);
+    CHECK(y.at("seed") == 3);
+    for (const char* key : {"accuracy", "sigma_init", "sigma", "kv_cache_bytes_per_token"}) CHECK(x.at(key) == y.at(key));
+  }
+  std::filesystem::remove_all(two.out);
+  std::filesystem::remove_all(one.out);
+}
