@@ -48,7 +48,7 @@ nlohmann::json config_object(const TransformerConfig& c) {
           {"readout", name_of(c.readout)}, {"causal", c.causal}, {"layers", c.layers}, {"d_model", c.d_model},
           {"heads", c.heads}, {"d_head", c.d_head}, {"kv_heads", c.kv_heads}, {"qk", name_of(c.qk)},
           {"proj", name_of(c.proj)}, {"scale", c.scale}, {"mlp", c.mlp},
-          {"embeddings", c.frozen_embeddings ? "frozen" : "learned"}};
+          {"embeddings", c.frozen_embeddings ? "frozen" : "learned"}, {"positions", name_of(c.positions)}};
 }
 
 }  // namespace
@@ -58,6 +58,7 @@ ConfigError::ConfigError(std::string field_, const std::string& message)
 
 const char* name_of(Readout r) { return r == Readout::pointer ? "pointer" : "token"; }
 const char* name_of(QK qk) { return qk == QK::tied ? "tied" : qk == QK::symmetric ? "symmetric" : "untied"; }
+const char* name_of(Positions p) { return p == Positions::learned ? "learned" : "sinusoidal"; }
 const char* name_of(Projection p) {
   return p == Projection::learned ? "learned" : p == Projection::frozen ? "frozen" : "identity";
 }
@@ -99,7 +100,8 @@ double parameter_count(const TransformerConfig& c) {
   const double attention = qkv_heads * dh * (D + 1) + H * dh * D + D;
   const double mlp = c.mlp ? 2 * D + 4 * D * (D + 1) + D * (4 * D + 1) : 0;
   const double head = c.readout == Readout::token ? double(c.n_classes) * (D + 1) : 0;
-  return double(c.vocab_size + c.max_len) * D + double(c.layers) * (2 * D + attention + mlp) + 2 * D + head;
+  const double positions = c.positions == Positions::learned ? double(c.max_len) * D : 0;
+  return double(c.vocab_size) * D + positions + double(c.layers) * (2 * D + attention + mlp) + 2 * D + head;
 }
 
 std::string to_json(const TransformerConfig& c) { return config_object(c).dump(); }
@@ -124,6 +126,7 @@ TransformerConfig parse_transformer_config(std::string_view json, const std::str
   c.scale = m.flag("scale");
   c.mlp = m.flag("mlp");
   c.frozen_embeddings = m.choice("embeddings", {"learned", "frozen"}) == "frozen";
+  if (m.has("positions")) c.positions = parse_enum(m, "positions", all_positions);  // absent from older runs
   m.only(config_object(c));
   try {
     check(c);
@@ -148,10 +151,14 @@ TransformerBlock::TransformerBlock(const TransformerConfig& c, Generator& gen)
 }
 
 Transformer::Transformer(const TransformerConfig& c, Generator& gen)
-    : tok(checked(c).vocab_size, c.d_model, c.dtype, gen), pos(c.max_len, c.d_model, c.dtype, gen),
-      ln_f(c.d_model, 1e-5, true, c.dtype), config_(c) {
+    : tok(checked(c).vocab_size, c.d_model, c.dtype, gen), ln_f(c.d_model, 1e-5, true, c.dtype), config_(c) {
   register_module("tok", tok);
-  register_module("pos", pos);
+  if (c.positions == Positions::learned) {
+    pos = std::make_unique<LearnedPositionalEncoding>(c.max_len, c.d_model, c.dtype, gen);
+    register_module("pos", *pos);
+  } else {
+    sinusoids = std::make_unique<SinusoidalPositionalEncoding>(c.max_len, c.d_model);
+  }
   for (std::size_t l = 0; l < c.layers; ++l) {
     blocks.push_back(std::make_unique<TransformerBlock>(c, gen));
     register_module("layers." + std::to_string(l), *blocks.back());
@@ -162,7 +169,8 @@ Transformer::Transformer(const TransformerConfig& c, Generator& gen)
     register_module("head", *head);
   }
   if (c.frozen_embeddings) {
-    std::vector<Module*> frozen{&tok, &pos, &ln_f};
+    std::vector<Module*> frozen{&tok, &ln_f};
+    if (pos) frozen.push_back(pos.get());
     for (const auto& b : blocks) {
       frozen.push_back(&b->ln1);
       if (b->ln2) frozen.push_back(b->ln2.get());
@@ -176,7 +184,7 @@ TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weigh
   if (tokens.dimension() != 2)
     fail("Transformer", "tokens of shape {}: expected (batch, positions)", to_string(to_shape(tokens.shape())));
   TransformerOutput f;
-  Tensor x = pos(tok(tokens));  // (B, T, D)
+  Tensor x = pos ? (*pos)(tok(tokens)) : (*sinusoids)(tok(tokens));  // (B, T, D)
   const AttentionMask mask{.causal = config_.causal};
   const bool pointer = config_.readout == Readout::pointer;
   for (std::size_t l = 0; l < blocks.size(); ++l) {
@@ -200,6 +208,10 @@ Tensor Transformer::loss(const TransformerOutput& f, const IndexArray& targets, 
   const std::int64_t classes = std::int64_t(f.logits.size(-1));
   const IndexArray flat = xt::reshape_view(targets, Shape{targets.size()});
   return cross_entropy(reshape(f.logits, {-1, classes}), flat, ignore_index);
+}
+
+Tensor Transformer::position_table() const {
+  return pos ? pos->weight : sinusoids->table(tok.weight.dtype());
 }
 
 IndexArray Transformer::predictions(const Tensor& logits) {

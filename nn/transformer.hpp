@@ -14,7 +14,7 @@
 //   auto out = model.forward(tokens);           // out.logits (B, T, n_classes)
 //   Tensor loss = model.loss(out, targets);     // cross-entropy, -100 ignored
 //
-// Parameter names (its state_dict): tok.weight, pos.weight, layers.L.ln1.{weight,bias},
+// Parameter names (its state_dict): tok.weight, pos.weight (learned positions), layers.L.ln1.{weight,bias},
 // layers.L.attn.{q,k,v,out}_proj.{weight,bias}, layers.L.{ln2,fc,proj}.* with the MLP,
 // ln_f.{weight,bias}, head.{weight,bias} for the token readout.
 #include <cstdint>
@@ -31,6 +31,7 @@
 namespace qkv::nn {
 
 enum class Readout { token, pointer };
+enum class Positions { learned, sinusoidal };  // a (max_len, d_model) table, trained or fixed
 
 struct TransformerConfig {
   // The largest sizes a config.json may give (memory refuses most such models long before).
@@ -48,6 +49,7 @@ struct TransformerConfig {
   Projection proj = Projection::learned;
   bool scale = true;           // scores scaled by 1/√d_head; false: not scaled
   bool mlp = false;            // an MLP after each attention
+  Positions positions = Positions::learned;
   // Token and position embeddings and every LayerNorm stay at their init: only the attention
   // projections, the MLPs and the head train.
   bool frozen_embeddings = false;
@@ -86,9 +88,11 @@ TransformerConfig parse_transformer_config(std::string_view json, const std::str
 const char* name_of(Readout readout);
 const char* name_of(QK qk);
 const char* name_of(Projection proj);
+const char* name_of(Positions positions);
 inline constexpr Readout all_readouts[] = {Readout::token, Readout::pointer};
 inline constexpr QK all_qk[] = {QK::untied, QK::tied, QK::symmetric};
 inline constexpr Projection all_projections[] = {Projection::learned, Projection::frozen, Projection::identity};
+inline constexpr Positions all_positions[] = {Positions::learned, Positions::sinusoidal};
 template <class E, std::size_t N>
 std::optional<E> from_name(const E (&values)[N], std::string_view name) {
   for (E e : values)
@@ -132,8 +136,13 @@ class Transformer : public Module {
 
   const TransformerConfig& config() const { return config_; }
 
+  // The table of positions added to the token embeddings, (max_len, d_model): pos.weight, or the
+  // fixed sinusoids.
+  Tensor position_table() const;
+
   Embedding tok;
-  LearnedPositionalEncoding pos;
+  std::unique_ptr<LearnedPositionalEncoding> pos;           // learned positions
+  std::unique_ptr<SinusoidalPositionalEncoding> sinusoids;  // fixed positions
   std::vector<std::unique_ptr<TransformerBlock>> blocks;
   LayerNorm ln_f;
   std::unique_ptr<Linear> head;  // token readout only

@@ -174,6 +174,7 @@ void add_transformer_cases(Catalogue& c) {
       {"token, bidirectional, MLP, GQA", config([](auto& t) { t.mlp = true; t.causal = false; t.heads = 4; t.kv_heads = 2; })},
       {"pointer, tied", config([](auto& t) { t.readout = Readout::pointer; t.n_classes = 0; t.qk = QK::tied; })},
       {"token, bidirectional, symmetric, MLP", config([](auto& t) { t.causal = false; t.qk = QK::symmetric; t.mlp = true; })},
+      {"token, sinusoidal positions", config([](auto& t) { t.positions = Positions::sinusoidal; })},
       {"token, frozen embeddings, MLP", config([](auto& t) { t.mlp = true; t.frozen_embeddings = true; })},
   };
   for (const auto& named : configs) {

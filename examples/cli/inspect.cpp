@@ -198,7 +198,7 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
     targets = task.pointer_targets(input).value_or(std::vector<std::int64_t>{});
   }
   const auto D = std::int64_t(c.d_model);
-  const Tensor tok = reshape(model.tok.weight, {1, -1, D}), pos = reshape(model.pos.weight, {1, -1, D});
+  const Tensor tok = reshape(model.tok.weight, {1, -1, D}), pos = reshape(model.position_table(), {1, -1, D});
 
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
     const nn::TransformerBlock& b = *model.blocks[l];

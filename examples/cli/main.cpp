@@ -49,7 +49,8 @@ std::string option_of(const std::string& field) {
       {"steps", "--steps"},           {"batch", "--batch"},           {"lr", "--lr"},
       {"threads", "--threads"},       {"checkpoint_every", "--checkpoint-every"},
       {"model.layers", "--layers"},   {"model.d_model", "--d-model"}, {"model.heads", "--heads"},
-      {"model.d_head", "--d-head"},   {"model.kv_heads", "--kv-heads"}, {"n", "--n"}};
+      {"model.d_head", "--d-head"},   {"model.kv_heads", "--kv-heads"}, {"n", "--n"},
+      {"model.max_len", "--max-len"}};
   const auto it = options.find(field);
   return it == options.end() ? field : it->second;
 }
@@ -85,19 +86,21 @@ int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
   const auto model = load_model(dir);
   const auto task = make_task(o.task, o.n);
   const std::size_t batches = (n + o.batch - 1) / o.batch;
-  const Metrics m = evaluate(*model, *task, batches, o.batch, seed);
+  const Metrics metrics = evaluate(*model, *task, batches, o.batch, seed);
   nlohmann::json out = {{"task", o.task}, {"dir", dir}, {"sequences", batches * o.batch}, {"seed", seed},
-                        {"accuracy", m.accuracy}, {"exact_match", m.exact_match}};
+                        {"accuracy", metrics.accuracy}, {"exact_match", metrics.exact_match}};
   const TaskSpec& spec = task_spec(o.task);
-  if (spec.make_longer) {
-    const auto longer = spec.make_longer();
+  // Lengths beyond training's, where the model has the positions (train --max-len).
+  if (!spec.longer.empty()) out["longer"] = nlohmann::json::array();
+  for (const LongerLengths& l : spec.longer) {
+    const auto longer = l.make();
     if (longer->info().max_len <= o.model.max_len) {
-      const Metrics l = evaluate(*model, *longer, batches, o.batch, seed);
-      out["longer"] = {{"lengths", spec.longer_lengths}, {"accuracy", l.accuracy}, {"exact_match", l.exact_match}};
+      const Metrics m = evaluate(*model, *longer, batches, o.batch, seed);
+      out["longer"].push_back({{"lengths", l.lengths}, {"accuracy", m.accuracy}, {"exact_match", m.exact_match}});
     } else {
-      out["longer"] = {{"lengths", spec.longer_lengths}, {"accuracy", nullptr},
-                       {"reason", fmt::format("the model has {} learned positions; lengths {} need {}",
-                                              o.model.max_len, spec.longer_lengths, longer->info().max_len)}};
+      out["longer"].push_back({{"lengths", l.lengths}, {"accuracy", nullptr},
+                               {"reason", fmt::format("the model has {} positions; lengths {} need {} (train --max-len)",
+                                                      o.model.max_len, l.lengths, longer->info().max_len)}});
     }
   }
   fmt::print("{}\n", out.dump());
@@ -189,7 +192,8 @@ int main(int argc, char** argv) {
   // Options start unset: the task's defaults fill what the command line leaves out.
   std::string task, qk, proj;
   std::optional<std::uint64_t> seed, steps, layers, heads, d_model, d_head, kv_heads, batch, threads, checkpoint_every,
-      task_n;
+      task_n, max_len;
+  std::string positions;
   std::optional<double> lr;
   std::string out;
   bool no_scale = false, mlp = false, resume = false, force = false;
@@ -197,6 +201,10 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train a model on a task");
   train_cmd->add_option("TASK", task, fmt::format("{}", fmt::join(task_names(), ", ")))->required()->check(CLI::IsMember(task_names()));
   train_cmd->add_option("--out", out, "Run folder (default runs/TASK)");
+  train_cmd->add_option("--max-len", max_len, "Positions of the model (default: the task's longest sequence)")
+      ->check(whole(1, max_width));
+  train_cmd->add_option("--positions", positions, "learned (default) or sinusoidal")
+      ->check(CLI::IsMember(qkv::nn::names_of(qkv::nn::all_positions)));
   std::string sizes_text;
   for (const TaskSpec& spec : task_registry())
     if (!spec.sizes.empty())
@@ -304,6 +312,8 @@ int main(int argc, char** argv) {
       set(d_model, o.model.d_model);
       set(d_head, o.model.d_head);
       set(kv_heads, o.model.kv_heads);
+      set(max_len, o.model.max_len);
+      if (!positions.empty()) o.model.positions = *qkv::nn::from_name(qkv::nn::all_positions, positions);
       set(batch, o.batch);
       set(checkpoint_every, o.checkpoint_every);
       if (seed) o.seed = *seed;

@@ -120,7 +120,7 @@ TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown 
 
   ExperimentOptions bad = tiny("sorting", "bad");
   CHECK_THAT(invalid_argument_message([&] { run_experiment(bad, progress, false); }),
-             Contains("experiment: unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal, symmetry)"));
+             Contains("experiment: unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal, symmetry, length)"));
 }
 
 TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater on top for at most 2 of 3") {
@@ -194,4 +194,23 @@ TEST_CASE("experiment seeds: --seed-start picks the first seed, and a run's numb
   }
   std::filesystem::remove_all(two.out);
   std::filesystem::remove_all(one.out);
+}
+
+TEST_CASE("the length experiment: learned and sinusoidal positions, trained to 24, scored on 26-40 and 42-64") {
+  std::ostringstream progress;
+  const ExperimentOptions e = tiny("length", "length", 1);
+  const ExperimentResult r = run_experiment(e, progress, false);
+  REQUIRE(r.runs.size() == 2);
+  CHECK(r.runs[0].at("config").at("model").at("positions") == "learned");
+  CHECK(r.runs[1].at("config").at("model").at("positions") == "sinusoidal");
+  for (const auto& run : r.runs) {
+    CHECK(run.at("config").at("model").at("max_len") == 65);  // BOS + 64
+    for (const char* key : {"accuracy_26-40", "accuracy_42-64"}) {
+      const double a = run.at(key);
+      CHECK(a >= 0);
+      CHECK(a <= 1);
+    }
+  }
+  CHECK_THAT(r.table, Contains("| accuracy 26-40 | accuracy 42-64 |"));
+  std::filesystem::remove_all(e.out);
 }

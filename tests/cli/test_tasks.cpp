@@ -178,8 +178,7 @@ TEST_CASE("every registered task is whole: its generator, defaults that pass the
     CHECK(spec.target <= 1.0);
     CHECK(spec.quick_steps > 0);
     CHECK(spec.quick_steps <= spec.experiment_steps);
-    CHECK(bool(spec.make_longer) == !spec.longer_lengths.empty());
-    if (spec.make_longer) CHECK(spec.make_longer()->info().max_len > task->info().max_len);
+    for (const LongerLengths& l : spec.longer) CHECK(l.make()->info().max_len > task->info().max_len);
     CHECK(token_names(*task).size() == task->info().vocab_size);
   }
   CHECK(default_options("rps").model.layers == 1);

@@ -244,3 +244,24 @@ TEST_CASE("load_transformer builds the model in the dtype its weights were saved
   check_close(loaded->forward(tokens).logits, model.forward(tokens).logits.value<double>(), 0);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("a Transformer with sinusoidal positions adds the fixed table and has no pos.weight") {
+  nn::TransformerConfig c = small_config();
+  c.positions = nn::Positions::sinusoidal;
+  c.dtype = DType::float64;
+  Generator gen(0);
+  const nn::Transformer model(c, gen);
+  CHECK_FALSE(model.pos);
+  for (const auto& [name, p] : model.named_parameters()) CHECK(name != "pos.weight");
+  CHECK(nn::parameter_count(c) == double(numel(model)));
+  CHECK(nn::parameter_count(small_config()) - nn::parameter_count(c) == 6 * 8);  // the learned table
+  // Row t of the table: sin(t / 10000^(2i/D)) in column 2i, cos in 2i + 1 (D = 8).
+  const Array<double> table = model.position_table().value<double>();
+  CHECK(table(3, 2) == Approx(std::sin(3 / std::pow(10000.0, 2.0 / 8))).epsilon(1e-14));
+  CHECK(table(5, 7) == Approx(std::cos(5 / std::pow(10000.0, 6.0 / 8))).epsilon(1e-14));
+  // The config says so, and a config from before positions were recorded reads as learned.
+  CHECK(nn::parse_transformer_config(nn::to_json(c), "f").positions == nn::Positions::sinusoidal);
+  std::string old = nn::to_json(small_config());
+  old.erase(old.find(",\"positions\":\"learned\""), std::string(",\"positions\":\"learned\"").size());
+  CHECK(nn::parse_transformer_config(old, "f").positions == nn::Positions::learned);
+}

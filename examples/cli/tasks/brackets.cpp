@@ -103,8 +103,8 @@ TaskSpec brackets_task() {
           .target = 0.99,
           .experiment_steps = 1200,
           .quick_steps = 300,
-          .longer_lengths = "26-40",
-          .make_longer = [] { return std::make_unique<BracketsTask>(26, 40); },
+          .longer = {{"26-40", [] { return std::make_unique<BracketsTask>(26, 40); }},
+                     {"42-64", [] { return std::make_unique<BracketsTask>(42, 64); }}},
           .target_name = "opener"};
 }
 

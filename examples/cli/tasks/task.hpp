@@ -88,6 +88,12 @@ struct Probe {
   std::vector<std::string> violations;
 };
 
+// Sequences of other lengths than training's: their range as text, and the task that makes them.
+struct LongerLengths {
+  std::string lengths;
+  std::function<std::unique_ptr<Task>()> make;
+};
+
 // Everything the program knows about a task. One per task, in its own file, listed once in
 // tasks/registry.cpp; nothing else names a task.
 struct TaskSpec {
@@ -102,9 +108,8 @@ struct TaskSpec {
   double target = 0.99;
   std::size_t experiment_steps = 1000, quick_steps = 300;  // of each run in `qkv experiment`
   // Longer sequences than training's, which `qkv eval` also scores when the model has the
-  // positions for them ("26-40"); none when the task has no such lengths.
-  std::string longer_lengths{};
-  std::function<std::unique_ptr<Task>()> make_longer{};
+  // positions for them (`train --max-len`): brackets "26-40" and "42-64".
+  std::vector<LongerLengths> longer{};
   // What a pointer target is called in reports: "weight on opener".
   std::string target_name = "target";
   // Extra measurements for `qkv experiment`, and the columns of them its tables show.
