@@ -48,7 +48,8 @@ nlohmann::json config_object(const TransformerConfig& c) {
           {"readout", name_of(c.readout)}, {"causal", c.causal}, {"layers", c.layers}, {"d_model", c.d_model},
           {"heads", c.heads}, {"d_head", c.d_head}, {"kv_heads", c.kv_heads}, {"qk", name_of(c.qk)},
           {"proj", name_of(c.proj)}, {"scale", c.scale}, {"mlp", c.mlp},
-          {"embeddings", c.frozen_embeddings ? "frozen" : "learned"}, {"positions", name_of(c.positions)}};
+          {"embeddings", c.frozen_embeddings ? "frozen" : "learned"}, {"positions", name_of(c.positions)},
+          {"causal_layers", c.causal_layers}};
 }
 
 }  // namespace
@@ -70,6 +71,8 @@ void check(const TransformerConfig& c) {
   if (c.readout == Readout::pointer && c.n_classes != 0)
     config_error("n_classes", "is {}: the pointer readout points at positions and has no classes", c.n_classes);
   if (c.layers == 0) config_error("layers", "is 0: the model needs at least one layer");
+  if (!c.causal_layers.empty() && c.causal_layers.size() != c.layers)
+    config_error("causal_layers", "holds {} masks for {} layers", c.causal_layers.size(), c.layers);
   if (c.d_model == 0) config_error("d_model", "is 0");
   if (c.heads == 0) config_error("heads", "is 0");
   if (c.kv_heads > c.heads) config_error("kv_heads", "is {}, more than heads ({})", c.kv_heads, c.heads);
@@ -107,7 +110,7 @@ double parameter_count(const TransformerConfig& c) {
 std::string to_json(const TransformerConfig& c) { return config_object(c).dump(); }
 
 TransformerConfig parse_transformer_config(std::string_view json, const std::string& file, const std::string& prefix) {
-  const nlohmann::json j = detail::parse_json(json, file, 1);
+  const nlohmann::json j = detail::parse_json(json, file, 2);  // {"causal_layers": [...]}
   const detail::FieldReader m(j, file, prefix);
   constexpr std::uint64_t most = TransformerConfig::max_width;
   TransformerConfig c;
@@ -127,6 +130,13 @@ TransformerConfig parse_transformer_config(std::string_view json, const std::str
   c.mlp = m.flag("mlp");
   c.frozen_embeddings = m.choice("embeddings", {"learned", "frozen"}) == "frozen";
   if (m.has("positions")) c.positions = parse_enum(m, "positions", all_positions);  // absent from older runs
+  if (m.has("causal_layers")) {
+    const nlohmann::json& v = m.at("causal_layers");
+    if (!v.is_array() || v.size() > TransformerConfig::max_layers ||
+        !std::all_of(v.begin(), v.end(), [](const nlohmann::json& b) { return b.is_boolean(); }))
+      m.fail_at("causal_layers", "must be a list of true or false, one per layer");
+    for (const auto& b : v) c.causal_layers.push_back(b.get<bool>());
+  }
   m.only(config_object(c));
   try {
     check(c);
@@ -180,16 +190,20 @@ Transformer::Transformer(const TransformerConfig& c, Generator& gen)
   }
 }
 
-TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weights) const {
+bool Transformer::causal(std::size_t l) const {
+  return config_.causal_layers.empty() ? config_.causal : bool(config_.causal_layers.at(l));
+}
+
+TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding) const {
   if (tokens.dimension() != 2)
     fail("Transformer", "tokens of shape {}: expected (batch, positions)", to_string(to_shape(tokens.shape())));
   TransformerOutput f;
   Tensor x = pos ? (*pos)(tok(tokens)) : (*sinusoids)(tok(tokens));  // (B, T, D)
-  const AttentionMask mask{.causal = config_.causal};
   const bool pointer = config_.readout == Readout::pointer;
   for (std::size_t l = 0; l < blocks.size(); ++l) {
     const TransformerBlock& b = *blocks[l];
     f.inputs.push_back(b.ln1(x));
+    const AttentionMask mask{.causal = causal(l), .key_padding = key_padding};
     AttentionResult r = b.attn.forward(f.inputs.back(), mask, need_weights || (pointer && l + 1 == blocks.size()));
     x = x + r.output;
     if (b.fc) x = x + (*b.proj)(gelu((*b.fc)((*b.ln2)(x))));
@@ -235,7 +249,7 @@ void save_config(const std::string& dir, const TransformerConfig& config) {
 
 TransformerConfig load_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
-  const nlohmann::json j = detail::parse_json(read_file(file, 1 << 20), file, 2);
+  const nlohmann::json j = detail::parse_json(read_file(file, 1 << 20), file, 3);
   const detail::FieldReader r(j, file);
   return parse_transformer_config(r.at("model").dump(), file, "model.");
 }

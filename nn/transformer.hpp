@@ -42,6 +42,7 @@ struct TransformerConfig {
   std::size_t max_len = 0;     // positions
   Readout readout = Readout::token;
   bool causal = true;          // every layer's attention; false: bidirectional
+  std::vector<bool> causal_layers{};  // per layer, overriding `causal`; empty: every layer `causal`
   std::size_t layers = 2, d_model = 16, heads = 2;
   std::size_t d_head = 0;      // 0: d_model / heads
   std::size_t kv_heads = 0;    // 0: heads (GQA/MQA below)
@@ -127,7 +128,11 @@ class Transformer : public Module {
   explicit Transformer(const TransformerConfig& config, Generator& gen = default_generator());
 
   // tokens (B, T) with T ≤ max_len and ids < vocab_size (else std::invalid_argument).
-  TransformerOutput forward(const IndexArray& tokens, bool need_weights = false) const;
+  // key_padding (B, T): false for a padding position, which no query attends (0-d: none).
+  TransformerOutput forward(const IndexArray& tokens, bool need_weights = false,
+                            const MaskArray& key_padding = MaskArray()) const;
+  // Whether layer l's attention is causal.
+  bool causal(std::size_t l) const;
   // Mean cross-entropy of the logits against targets (B, T), over positions whose target is not
   // ignore_index. For the pointer readout a target is a key position.
   Tensor loss(const TransformerOutput& output, const IndexArray& targets, std::int64_t ignore_index = -100) const;

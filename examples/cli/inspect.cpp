@@ -98,6 +98,14 @@ const char* const matrix_names[] = {"W_q", "W_k", "W_v", "W_o"};
 
 std::string head_name(const HeadInspection& h) { return fmt::format("layer {} head {}", h.layer, h.head); }
 
+// "causal", "bidirectional", or per layer "causal, bidirectional".
+std::string masks_text(const nn::TransformerConfig& c) {
+  if (c.causal_layers.empty()) return c.causal ? "causal" : "bidirectional";
+  std::string text;
+  for (bool causal : c.causal_layers) text += std::string(text.empty() ? "" : ", ") + (causal ? "causal" : "bidirectional");
+  return text;
+}
+
 // The four pictures of a head, as the HTML page and the SVG files show them.
 std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, const HeadInspection& h) {
   const std::size_t d_model = h.qk.shape()[0];
@@ -107,7 +115,8 @@ std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, cons
   for (std::size_t i = 0; i < attention.shape()[0]; ++i)
     for (std::size_t j = 0; j < attention.shape()[1]; ++j)
       if (!std::isfinite(h.scores(i, j))) attention(i, j) = NAN;
-  if (in.config.causal)
+  const auto& layers = in.config.causal_layers;
+  if (layers.empty() ? in.config.causal : bool(layers.at(h.layer)))
     for (std::size_t i = 0; i < positions.shape()[0]; ++i)
       for (std::size_t j = i + 1; j < positions.shape()[1]; ++j) positions(i, j) = NAN;
   return {
@@ -150,13 +159,13 @@ IndexArray one_row(const std::vector<std::int64_t>& input) {
 std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
                                                                   const nn::TransformerOutput& f) {
   const std::size_t T = f.inputs.front().size(1);
-  MaskArray allowed = xt::ones<bool>(Shape{T, T});  // the model's mask, as its heads apply it
-  if (model.config().causal)
-    for (std::size_t i = 0; i < T; ++i)
-      for (std::size_t j = i + 1; j < T; ++j) allowed(i, j) = false;
   std::vector<std::vector<std::optional<double>>> out;
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
-    const Tensor scores = model.blocks[l]->attn.forward(f.inputs[l], {.causal = model.config().causal}, true).scores;
+    MaskArray allowed = xt::ones<bool>(Shape{T, T});  // the layer's mask, as its heads apply it
+    if (model.causal(l))
+      for (std::size_t i = 0; i < T; ++i)
+        for (std::size_t j = i + 1; j < T; ++j) allowed(i, j) = false;
+    const Tensor scores = model.blocks[l]->attn.forward(f.inputs[l], {.causal = model.causal(l)}, true).scores;
     out.emplace_back();
     for (std::size_t h = 0; h < scores.size(1); ++h)
       out.back().push_back(nn::softmax_invariant_asymmetry(head_matrix(scores, h), allowed));
@@ -293,7 +302,7 @@ nlohmann::json to_json(const Inspection& in) {
           {"dir", in.dir},
           {"config", {{"layers", c.layers}, {"heads", in.layers.empty() ? 0 : in.layers[0].size()},
                       {"d_model", c.d_model}, {"d_head", in.layers.empty() ? 0 : in.layers[0][0].shapes[0][1]},
-                      {"causal", c.causal}, {"qk", nn::name_of(c.qk)},
+                      {"causal", c.causal}, {"causal_layers", c.causal_layers}, {"qk", nn::name_of(c.qk)},
                       {"proj", c.proj == nn::Projection::learned ? "learned"
                                : c.proj == nn::Projection::frozen ? "frozen" : "identity"}}},
           {"layers", layers},
@@ -306,7 +315,7 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
   const auto bold = [&](const std::string& s) { return color ? "\x1b[1m" + s + "\x1b[0m" : s; };
   out << bold(fmt::format("qkv inspect {}: {}, {} layer{} × {} head{}, d_model {}, d_head {}, {}{}{}", in.dir, in.task,
                           c.layers, c.layers == 1 ? "" : "s", c.heads, c.heads == 1 ? "" : "s", c.d_model, d_head,
-                          c.causal ? "causal" : "bidirectional", c.qk == nn::QK::tied ? ", W_k = W_q" : c.qk == nn::QK::symmetric ? ", W_k = W_q diag(s)" : "",
+                          masks_text(c), c.qk == nn::QK::tied ? ", W_k = W_q" : c.qk == nn::QK::symmetric ? ", W_k = W_q diag(s)" : "",
                           c.proj == nn::Projection::identity ? ", identity projections"
                           : c.proj == nn::Projection::frozen ? ", frozen projections" : ""))
       << "\n";
@@ -372,7 +381,7 @@ th { border-bottom: 1px solid #999; } .pics { display: flex; flex-wrap: wrap; ga
 )";
   s += fmt::format("<h1>qkv inspect: {} ({} layer{} × {} head{}, d_model {}, {})</h1>\n", in.task, c.layers,
                    c.layers == 1 ? "" : "s", c.heads, c.heads == 1 ? "" : "s", c.d_model,
-                   c.causal ? "causal" : "bidirectional");
+                   masks_text(c));
   s += fmt::format("<p>Input: <code>{}</code></p>\n", text);
   s += R"(<div class="legend"><p><b>How to read it.</b>
 <b>Attention</b>: row i is query position i, column j key position j; darker means more weight; grey cells are masked.

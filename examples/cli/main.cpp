@@ -7,6 +7,7 @@
 #include <map>
 #include <exception>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -50,7 +51,7 @@ std::string option_of(const std::string& field) {
       {"threads", "--threads"},       {"checkpoint_every", "--checkpoint-every"},
       {"model.layers", "--layers"},   {"model.d_model", "--d-model"}, {"model.heads", "--heads"},
       {"model.d_head", "--d-head"},   {"model.kv_heads", "--kv-heads"}, {"n", "--n"},
-      {"model.max_len", "--max-len"}};
+      {"model.max_len", "--max-len"}, {"model.causal_layers", "--attention"}};
   const auto it = options.find(field);
   return it == options.end() ? field : it->second;
 }
@@ -227,8 +228,15 @@ int main(int argc, char** argv) {
   std::string embeddings, attention;
   train_cmd->add_option("--embeddings", embeddings, "learned, or frozen: embeddings and LayerNorms keep their init")
       ->check(CLI::IsMember({"learned", "frozen"}));
-  train_cmd->add_option("--attention", attention, "causal or bidirectional (default: the task's)")
-      ->check(CLI::IsMember({"causal", "bidirectional"}));
+  train_cmd->add_option("--attention", attention,
+                        "causal or bidirectional (default: the task's), or one per layer: causal,bidirectional")
+      ->check([](const std::string& v) {
+        std::istringstream parts(v);
+        for (std::string part; std::getline(parts, part, ',');)
+          if (part != "causal" && part != "bidirectional")
+            return fmt::format("'{}' is not causal or bidirectional", part);
+        return std::string();
+      });
   train_cmd->add_option("--lr", lr, "Peak learning rate, in (0, 10]");
   train_cmd->add_option("--batch", batch, "Sequences per step")->check(whole(1, max_batch));
   train_cmd->add_option("--threads", threads, "threads (default 1: these matrices are small)")->check(whole(1, max_threads));
@@ -324,7 +332,13 @@ int main(int argc, char** argv) {
       if (no_scale) o.model.scale = false;
       if (mlp) o.model.mlp = true;
       if (!embeddings.empty()) o.model.frozen_embeddings = embeddings == "frozen";
-      if (!attention.empty()) o.model.causal = attention == "causal";
+      if (!attention.empty()) {
+        std::vector<bool> masks;
+        std::istringstream parts(attention);
+        for (std::string part; std::getline(parts, part, ',');) masks.push_back(part == "causal");
+        if (masks.size() == 1) o.model.causal = masks[0];
+        else o.model.causal_layers = masks;  // as many as layers: checked with the model
+      }
       o.out = out;
       o.force = force;
       return run_train(o);

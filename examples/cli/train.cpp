@@ -149,7 +149,7 @@ TrainOptions read_config(const std::string& dir) {
 }
 
 TrainOptions parse_config(std::string_view text, const std::string& file) {
-  const nlohmann::json j = nn::detail::parse_json(text, file, 2);  // {"model": {…}}
+  const nlohmann::json j = nn::detail::parse_json(text, file, 3);  // {"model": {"causal_layers": […]}}
   const nn::detail::FieldReader r(j, file);
   const std::string task = r.choice("task", task_names());
   TrainOptions o;
@@ -245,6 +245,14 @@ void truncate_metrics(const std::string& path, std::size_t step) {
   if (kept != text) nn::write_atomically(path, kept);  // what is left after the last '\n' was cut short
 }
 
+MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens) {
+  const auto pad = task.info().pad;
+  bool bidirectional = false;
+  for (std::size_t l = 0; l < model.blocks.size(); ++l) bidirectional = bidirectional || !model.causal(l);
+  if (!pad || !bidirectional) return MaskArray();
+  return xt::not_equal(tokens, *pad);
+}
+
 Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed) {
   NoGradGuard no_grad;
   Generator gen(seed ^ held_out_stream);
@@ -252,7 +260,8 @@ Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t bat
   double correct = 0, exact = 0;
   for (std::size_t i = 0; i < batches; ++i) {
     const Batch b = task.sample(batch_size, gen);
-    const Metrics m = score(nn::Transformer::predictions(model.forward(b.tokens).logits), b);
+    const MaskArray padding = key_padding(model, task, b.tokens);
+    const Metrics m = score(nn::Transformer::predictions(model.forward(b.tokens, false, padding).logits), b);
     correct += m.accuracy * double(m.scored);
     exact += m.exact_match * double(m.sequences);
     total.scored += m.scored;
@@ -358,7 +367,7 @@ std::vector<bool> updated_parameters(const nn::Transformer& model, const Task& t
   Generator probe(1);
   const Batch b = task.sample(1, probe);
   const std::vector<Tensor> params = model.parameters();
-  model.loss(model.forward(b.tokens), b.targets).backward();
+  model.loss(model.forward(b.tokens, false, key_padding(model, task, b.tokens)), b.targets).backward();
   std::vector<bool> updated;
   for (Tensor p : params) {
     updated.push_back(p.requires_grad() && p.grad().defined());
@@ -438,7 +447,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
     const Batch b = task->sample(o.batch, gen);
     schedule.apply(opt, step);
     opt.zero_grad();
-    const nn::TransformerOutput f = model.forward(b.tokens);
+    const nn::TransformerOutput f = model.forward(b.tokens, false, key_padding(model, *task, b.tokens));
     const Tensor loss = model.loss(f, b.targets);
     loss.backward();
     optim::clip_grad_norm(model.parameters(), o.clip);

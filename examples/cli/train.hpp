@@ -121,6 +121,11 @@ class MetricsLog {
 // again), dropping a line cut short by a kill. Throws std::runtime_error naming the file.
 void truncate_metrics(const std::string& path, std::size_t step);
 
+// The key-padding mask of a batch, (B, T) false at the task's pad token, when the model has a
+// bidirectional layer (where real queries would see the padding); 0-d otherwise (a causal query
+// never sees the padding after it).
+MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens);
+
 // Accuracy of `model` on `batches` fresh batches drawn from `seed`.
 Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed);
 

@@ -265,3 +265,29 @@ TEST_CASE("a Transformer with sinusoidal positions adds the fixed table and has 
   old.erase(old.find(",\"positions\":\"learned\""), std::string(",\"positions\":\"learned\"").size());
   CHECK(nn::parse_transformer_config(old, "f").positions == nn::Positions::learned);
 }
+
+TEST_CASE("a Transformer's mask per layer, and padding keys no query sees") {
+  nn::TransformerConfig c = small_config();
+  c.causal_layers = {true, false};
+  c.dtype = DType::float64;
+  Generator gen(6);
+  const nn::Transformer model(c, gen);
+  CHECK(model.causal(0));
+  CHECK_FALSE(model.causal(1));
+  CHECK(nn::parse_transformer_config(nn::to_json(c), "f").causal_layers == std::vector<bool>{true, false});
+  const nn::TransformerOutput out = model.forward(IndexArray{{1, 2, 3, 4}}, true);
+  const Array<double>& w0 = out.attention[0].weights.value<double>();
+  const Array<double>& w1 = out.attention[1].weights.value<double>();
+  CHECK(w0(0, 0, 0, 3) == 0);  // causal: query 0 sees key 0 only
+  CHECK(w1(0, 0, 0, 3) > 0);   // bidirectional: it sees key 3 too
+  // Padding: the last two positions are padding; what they hold changes no real position's logits.
+  const MaskArray padding = {{true, true, false, false}};
+  const Array<double> a = model.forward(IndexArray{{1, 2, 0, 0}}, false, padding).logits.value<double>();
+  const Array<double> b = model.forward(IndexArray{{1, 2, 4, 3}}, false, padding).logits.value<double>();
+  check_close(Array<double>(xt::view(a, 0, xt::range(0, 2))), xt::view(b, 0, xt::range(0, 2)), 0);
+  const Array<double> unmasked = model.forward(IndexArray{{1, 2, 4, 3}}).logits.value<double>();
+  CHECK(xt::amax(xt::abs(xt::view(unmasked - b, 0, xt::range(0, 2))))() > 1e-6);  // without it, they leak
+  nn::TransformerConfig bad = c;
+  bad.causal_layers = {true};
+  CHECK_THROWS_WITH(nn::check(bad), "holds 1 masks for 2 layers");
+}

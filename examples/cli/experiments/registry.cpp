@@ -1,7 +1,7 @@
 // The experiments the program knows, in the order `qkv experiment --help` lists them. Experiment
 // NAME is defined in experiments/NAME.cpp as `ExperimentSpec NAME_experiment()`; a new one is that
 // file and its name on this line:
-#define QKV_EXPERIMENTS(EXPERIMENT) EXPERIMENT(ablations) EXPERIMENT(dhead) EXPERIMENT(scale) EXPERIMENT(kv) EXPERIMENT(causal) EXPERIMENT(symmetry) EXPERIMENT(length)
+#define QKV_EXPERIMENTS(EXPERIMENT) EXPERIMENT(ablations) EXPERIMENT(dhead) EXPERIMENT(scale) EXPERIMENT(kv) EXPERIMENT(causal) EXPERIMENT(symmetry) EXPERIMENT(length) EXPERIMENT(masks)
 
 #include "examples/cli/experiment.hpp"
 

@@ -13,7 +13,7 @@ BracketsTask::BracketsTask(std::size_t min_len, std::size_t max_len, std::size_t
   info_ = {.name = "brackets",
            .description = fmt::format("Dyck-2 over () and [], lengths {}-{}, depth ≤ {}: point each closer at its opener",
                                       min_len, max_len, max_depth),
-           .vocab_size = 6, .n_classes = 0, .max_len = max_len + 1, .readout = nn::Readout::pointer, .causal = true};
+           .vocab_size = 6, .n_classes = 0, .max_len = max_len + 1, .readout = nn::Readout::pointer, .causal = true, .pad = pad};
 }
 
 Batch BracketsTask::sample(std::size_t batch_size, Generator& gen) const {

@@ -35,6 +35,7 @@ struct TaskInfo {
   std::size_t max_len = 0;     // longest sequence, in tokens
   Readout readout = nn::Readout::token;
   bool causal = true;
+  std::optional<std::int64_t> pad{};  // the padding token of a batch's shorter rows, if any
 };
 
 struct Metrics {
