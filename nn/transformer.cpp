@@ -72,7 +72,7 @@ void check(const TransformerConfig& c) {
     config_error("n_classes", "is {}: the pointer readout points at positions and has no classes", c.n_classes);
   if (c.layers == 0) config_error("layers", "is 0: the model needs at least one layer");
   if (!c.causal_layers.empty() && c.causal_layers.size() != c.layers)
-    config_error("causal_layers", "holds {} masks for {} layers", c.causal_layers.size(), c.layers);
+    config_error("causal_layers", "has {} entries for {} layers: give one mask per layer", c.causal_layers.size(), c.layers);
   if (c.d_model == 0) config_error("d_model", "is 0");
   if (c.heads == 0) config_error("heads", "is 0");
   if (c.kv_heads > c.heads) config_error("kv_heads", "is {}, more than heads ({})", c.kv_heads, c.heads);
@@ -190,9 +190,11 @@ Transformer::Transformer(const TransformerConfig& c, Generator& gen)
   }
 }
 
-bool Transformer::causal(std::size_t l) const {
-  return config_.causal_layers.empty() ? config_.causal : bool(config_.causal_layers.at(l));
+bool layer_is_causal(const TransformerConfig& c, std::size_t l) {
+  return c.causal_layers.empty() ? c.causal : bool(c.causal_layers.at(l));
 }
+
+bool Transformer::causal(std::size_t l) const { return layer_is_causal(config_, l); }
 
 TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding) const {
   if (tokens.dimension() != 2)

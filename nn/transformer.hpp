@@ -71,6 +71,9 @@ struct ConfigError : std::invalid_argument {
 // projections whose heads do not tile d_model.
 void check(const TransformerConfig& config);
 
+// Whether layer l's attention is causal: causal_layers[l], or `causal` when that is empty.
+bool layer_is_causal(const TransformerConfig& config, std::size_t l);
+
 // Whether every head's scores are symmetric, S = Sᵀ: tied, symmetric and identity heads.
 bool symmetric_scores(const TransformerConfig& config);
 

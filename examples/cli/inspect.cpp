@@ -102,8 +102,16 @@ std::string head_name(const HeadInspection& h) { return fmt::format("layer {} he
 std::string masks_text(const nn::TransformerConfig& c) {
   if (c.causal_layers.empty()) return c.causal ? "causal" : "bidirectional";
   std::string text;
-  for (bool causal : c.causal_layers) text += std::string(text.empty() ? "" : ", ") + (causal ? "causal" : "bidirectional");
+  for (std::size_t l = 0; l < c.layers; ++l)
+    text += std::string(text.empty() ? "" : ", ") + (nn::layer_is_causal(c, l) ? "causal" : "bidirectional");
   return text;
+}
+
+// Each layer's mask: true for causal.
+std::vector<bool> layer_masks(const nn::TransformerConfig& c) {
+  std::vector<bool> masks;
+  for (std::size_t l = 0; l < c.layers; ++l) masks.push_back(nn::layer_is_causal(c, l));
+  return masks;
 }
 
 // The four pictures of a head, as the HTML page and the SVG files show them.
@@ -115,8 +123,7 @@ std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, cons
   for (std::size_t i = 0; i < attention.shape()[0]; ++i)
     for (std::size_t j = 0; j < attention.shape()[1]; ++j)
       if (!std::isfinite(h.scores(i, j))) attention(i, j) = NAN;
-  const auto& layers = in.config.causal_layers;
-  if (layers.empty() ? in.config.causal : bool(layers.at(h.layer)))
+  if (nn::layer_is_causal(in.config, h.layer))
     for (std::size_t i = 0; i < positions.shape()[0]; ++i)
       for (std::size_t j = i + 1; j < positions.shape()[1]; ++j) positions(i, j) = NAN;
   return {
@@ -302,7 +309,7 @@ nlohmann::json to_json(const Inspection& in) {
           {"dir", in.dir},
           {"config", {{"layers", c.layers}, {"heads", in.layers.empty() ? 0 : in.layers[0].size()},
                       {"d_model", c.d_model}, {"d_head", in.layers.empty() ? 0 : in.layers[0][0].shapes[0][1]},
-                      {"causal", c.causal}, {"causal_layers", c.causal_layers}, {"qk", nn::name_of(c.qk)},
+                      {"causal", layer_masks(c)}, {"qk", nn::name_of(c.qk)},
                       {"proj", c.proj == nn::Projection::learned ? "learned"
                                : c.proj == nn::Projection::frozen ? "frozen" : "identity"}}},
           {"layers", layers},

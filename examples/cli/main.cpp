@@ -75,6 +75,21 @@ int run_gradcheck(const std::string& filter) {
   return failed == 0 ? 0 : 1;
 }
 
+// --attention: "causal", "bidirectional", or one of them per layer, comma-separated; true for causal.
+std::vector<bool> attention_masks(const std::string& text) {
+  std::vector<bool> masks;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    const std::string part = text.substr(begin, end - begin);
+    if (part != "causal" && part != "bidirectional")
+      throw std::invalid_argument(fmt::format("'{}' is not causal or bidirectional", part));
+    masks.push_back(part == "causal");
+    if (end == text.size()) return masks;
+    begin = end + 1;
+  }
+}
+
 int run_tasks() {
   for (const std::string& name : task_names()) fmt::print("{:<10} {}\n", name, make_task(name)->info().description);
   return 0;
@@ -87,7 +102,7 @@ int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
   const auto model = load_model(dir);
   const auto task = make_task(o.task, o.n);
   const std::size_t batches = (n + o.batch - 1) / o.batch;
-  const Metrics metrics = evaluate(*model, *task, batches, o.batch, seed);
+  const Metrics metrics = evaluate(*model, *task, batches, o.batch, seed, o.mask_padding);
   nlohmann::json out = {{"task", o.task}, {"dir", dir}, {"sequences", batches * o.batch}, {"seed", seed},
                         {"accuracy", metrics.accuracy}, {"exact_match", metrics.exact_match}};
   const TaskSpec& spec = task_spec(o.task);
@@ -96,7 +111,7 @@ int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
   for (const LongerLengths& l : spec.longer) {
     const auto longer = l.make();
     if (longer->info().max_len <= o.model.max_len) {
-      const Metrics m = evaluate(*model, *longer, batches, o.batch, seed);
+      const Metrics m = evaluate(*model, *longer, batches, o.batch, seed, o.mask_padding);
       out["longer"].push_back({{"lengths", l.lengths}, {"accuracy", m.accuracy}, {"exact_match", m.exact_match}});
     } else {
       out["longer"].push_back({{"lengths", l.lengths}, {"accuracy", nullptr},
@@ -231,10 +246,11 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--attention", attention,
                         "causal or bidirectional (default: the task's), or one per layer: causal,bidirectional")
       ->check([](const std::string& v) {
-        std::istringstream parts(v);
-        for (std::string part; std::getline(parts, part, ',');)
-          if (part != "causal" && part != "bidirectional")
-            return fmt::format("'{}' is not causal or bidirectional", part);
+        try {
+          attention_masks(v);
+        } catch (const std::invalid_argument& e) {
+          return std::string(e.what());
+        }
         return std::string();
       });
   train_cmd->add_option("--lr", lr, "Peak learning rate, in (0, 10]");
@@ -333,9 +349,7 @@ int main(int argc, char** argv) {
       if (mlp) o.model.mlp = true;
       if (!embeddings.empty()) o.model.frozen_embeddings = embeddings == "frozen";
       if (!attention.empty()) {
-        std::vector<bool> masks;
-        std::istringstream parts(attention);
-        for (std::string part; std::getline(parts, part, ',');) masks.push_back(part == "causal");
+        const std::vector<bool> masks = attention_masks(attention);
         if (masks.size() == 1) o.model.causal = masks[0];
         else o.model.causal_layers = masks;  // as many as layers: checked with the model
       }

@@ -38,6 +38,7 @@ nlohmann::json config_json(const TrainOptions& o) {
   return {{"task", o.task}, {"n", o.n}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
           {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
           {"checkpoint_every", o.checkpoint_every}, {"threads", o.threads}, {"blas", o.blas},
+          {"mask_padding", o.mask_padding},
           {"model", nlohmann::json::parse(nn::to_json(o.model))}, {"tokens", token_names(*make_task(o.task, o.n))}};
 }
 
@@ -68,7 +69,8 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
   const double qkv_width = (H + 2 * Hkv) * dh, mlp = m.mlp ? 1.0 : 0.0;
   // Each parameter: its value, gradient and Adam's two moments, in float32.
   MemoryEstimate e;
-  e.model = 16 * nn::parameter_count(m);
+  // Fixed sinusoids are not parameters, but their float32 and float64 tables take 12 bytes a cell.
+  e.model = 16 * nn::parameter_count(m) + (m.positions == nn::Positions::sinusoidal ? 12 * T * D : 0);
   // A step keeps, per layer, a few (B, T, D)-sized activations, the packed q/k/v, and the attention
   // weights (B, H, T, T, padded to 16 queries); backward allocates as much again for gradients.
   const double padded_T = std::ceil(T / 16) * 16;
@@ -130,7 +132,11 @@ void check_memory(const TrainOptions& o, bool training) {
   const double available = nn::available_memory();
   if (need.model + need.step > available) {
     const bool step = need.step > need.model;
-    out_of_range(step ? "batch" : (double(m.layers) / 2 > double(m.d_model) / 16 ? "model.layers" : "model.d_model"),
+    // Positions past the task's longest sequence (--max-len) are what to cut first, when they are many.
+    const bool positions = m.max_len > 4 * make_task(o.task, o.n)->info().max_len;
+    out_of_range(positions ? "model.max_len"
+                 : step    ? "batch"
+                           : (double(m.layers) / 2 > double(m.d_model) / 16 ? "model.layers" : "model.d_model"),
                  "needs about {} for the model{} and {} for a {} (batch {} of {} tokens, d_model {}, {} layers), more "
                  "than the {} this machine has available",
                  bytes_text(need.model), training ? " and its optimizer state" : "", bytes_text(need.step),
@@ -170,6 +176,7 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   if (r.has("checkpoint_every")) o.checkpoint_every = r.count("checkpoint_every", 1, max_steps);
   if (r.has("threads")) o.threads = r.count("threads", 1, max_threads);
   if (r.has("blas")) o.blas = r.text("blas");
+  o.mask_padding = r.has("mask_padding") && r.flag("mask_padding");  // older runs trained without
   o.model = nn::parse_transformer_config(r.at("model").dump(), file, "model.");
   // The task's token names, which inspect shows: absent from runs written before they were recorded.
   const nlohmann::json tokens = token_names(*make_task(task, o.n));
@@ -245,22 +252,24 @@ void truncate_metrics(const std::string& path, std::size_t step) {
   if (kept != text) nn::write_atomically(path, kept);  // what is left after the last '\n' was cut short
 }
 
-MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens) {
+MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens, bool mask_padding) {
   const auto pad = task.info().pad;
+  if (!mask_padding) return MaskArray();
   bool bidirectional = false;
   for (std::size_t l = 0; l < model.blocks.size(); ++l) bidirectional = bidirectional || !model.causal(l);
   if (!pad || !bidirectional) return MaskArray();
   return xt::not_equal(tokens, *pad);
 }
 
-Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed) {
+Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
+                 bool mask_padding) {
   NoGradGuard no_grad;
   Generator gen(seed ^ held_out_stream);
   Metrics total;
   double correct = 0, exact = 0;
   for (std::size_t i = 0; i < batches; ++i) {
     const Batch b = task.sample(batch_size, gen);
-    const MaskArray padding = key_padding(model, task, b.tokens);
+    const MaskArray padding = key_padding(model, task, b.tokens, mask_padding);
     const Metrics m = score(nn::Transformer::predictions(model.forward(b.tokens, false, padding).logits), b);
     correct += m.accuracy * double(m.scored);
     exact += m.exact_match * double(m.sequences);
@@ -447,7 +456,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
     const Batch b = task->sample(o.batch, gen);
     schedule.apply(opt, step);
     opt.zero_grad();
-    const nn::TransformerOutput f = model.forward(b.tokens, false, key_padding(model, *task, b.tokens));
+    const nn::TransformerOutput f = model.forward(b.tokens, false, key_padding(model, *task, b.tokens, o.mask_padding));
     const Tensor loss = model.loss(f, b.targets);
     loss.backward();
     optim::clip_grad_norm(model.parameters(), o.clip);
@@ -471,7 +480,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
       since_log = 0;
     }
     if (o.target_every && !result.steps_to_target && (step + 1) % o.target_every == 0 &&
-        evaluate(model, *task, o.target_batches, o.batch, o.seed).accuracy >= o.target)
+        evaluate(model, *task, o.target_batches, o.batch, o.seed, o.mask_padding).accuracy >= o.target)
       result.steps_to_target = step + 1;
     if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step) {
       save_checkpoint(folder.path(), model, opt, {.step = step + 1, .rng = gen.state()});
@@ -481,7 +490,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
   if (tty) progress << "\n";
   result.steps = last_step;
   result.seconds = elapsed();
-  result.eval = evaluate(model, *task, o.eval_batches, o.batch, o.seed);
+  result.eval = evaluate(model, *task, o.eval_batches, o.batch, o.seed, o.mask_padding);
   return result;
 }
 

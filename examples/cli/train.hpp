@@ -29,6 +29,9 @@ struct TrainOptions {
   std::size_t eval_batches = 32;  // of `batch` fresh sequences each
   std::size_t checkpoint_every = 500;  // and at the end
   std::size_t threads = 1;             // recorded; the caller sets them (set_num_threads)
+  // Bidirectional layers mask the padding keys (key_padding). Runs written before it was recorded
+  // trained without, and are read back so.
+  bool mask_padding = true;
   std::string blas;                    // the BLAS kernels the run started on (blas_kernels())
   std::size_t stop_after = 0;  // stop (checkpointed) after this step, to resume later; 0: run to the end
   bool resume = false;         // continue the run in `out` from its checkpoint
@@ -124,9 +127,10 @@ void truncate_metrics(const std::string& path, std::size_t step);
 // The key-padding mask of a batch, (B, T) false at the task's pad token, when the model has a
 // bidirectional layer (where real queries would see the padding); 0-d otherwise (a causal query
 // never sees the padding after it).
-MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens);
+MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens, bool mask_padding = true);
 
 // Accuracy of `model` on `batches` fresh batches drawn from `seed`.
-Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed);
+Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
+                 bool mask_padding = true);
 
 }  // namespace qkv::cli

@@ -227,6 +227,23 @@ case "$scenario" in
     expect 2 "--n: must be a whole number"
     [ ! -e runs ] || fail "a refused command wrote runs/"
     ;;
+  masks-and-lengths)  # a mask per layer, recorded; positions past the task's, scored by eval
+    "$qkv" train brackets --out run --steps 20 --attention causal,bidirectional --max-len 65 \
+      --positions sinusoidal >/dev/null 2>&1 || fail "the run did not train"
+    grep -qF '"causal_layers": [' run/config.json || fail "no causal_layers in config.json"
+    grep -qF '"mask_padding": true' run/config.json || fail "no mask_padding in config.json"
+    grep -qF '"positions": "sinusoidal"' run/config.json || fail "no positions in config.json"
+    out="$("$qkv" eval run --n 32)"
+    grep -qE '"lengths":"42-64"' <<<"$out" && ! grep -qF '"accuracy":null' <<<"$out" \
+      || fail "eval did not score lengths 42-64: $out"
+    run "$qkv" train brackets --out other --attention causal,
+    expect 2 "--attention: '' is not causal or bidirectional"
+    run "$qkv" train brackets --out other --attention causal,bidirectional,causal
+    expect 2 "--attention: has 3 entries for 2 layers"
+    run "$qkv" train brackets --out other --max-len 10
+    expect 2 "--max-len: is 10, out of range [25"
+    [ ! -e other ] || fail "a refused run created its folder"
+    ;;
   memory)  # refused before allocating, naming the option
     run timeout 10 "$qkv" train brackets --out big --batch 1000000 --d-model 4096 --heads 8
     expect 2 "--batch: needs about"

@@ -289,5 +289,5 @@ TEST_CASE("a Transformer's mask per layer, and padding keys no query sees") {
   CHECK(xt::amax(xt::abs(xt::view(unmasked - b, 0, xt::range(0, 2))))() > 1e-6);  // without it, they leak
   nn::TransformerConfig bad = c;
   bad.causal_layers = {true};
-  CHECK_THROWS_WITH(nn::check(bad), "holds 1 masks for 2 layers");
+  CHECK_THROWS_WITH(nn::check(bad), "has 1 entries for 2 layers: give one mask per layer");
 }

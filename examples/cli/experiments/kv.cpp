@@ -16,7 +16,7 @@ std::size_t kv_cache_bytes_per_token(const nn::Transformer& m, const std::vector
   std::size_t bytes = 0;
   for (std::size_t l = 0; l < m.blocks.size(); ++l) {
     nn::KVCache cache;
-    m.blocks[l]->attn.forward(f.inputs[l], {.causal = true}, false, &cache);
+    m.blocks[l]->attn.forward(f.inputs[l], {.causal = m.causal(l)}, false, &cache);
     bytes += cache.bytes_per_sequence();
   }
   return bytes / input.size();

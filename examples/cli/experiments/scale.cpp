@@ -41,7 +41,7 @@ void init_attention_stats(nlohmann::ordered_json& run, nn::Transformer& m, const
   Generator gen(seed);
   const Batch b = task.sample(32, gen);
   m.zero_grad();
-  m.loss(m.forward(b.tokens), b.targets).backward();
+  m.loss(m.forward(b.tokens, false, key_padding(m, task, b.tokens)), b.targets).backward();
   double grad = 0;
   for (const auto& block : m.blocks) {
     if (!block->attn.q_proj) continue;
