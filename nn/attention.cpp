@@ -142,6 +142,12 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
   }
   out_proj = std::make_unique<Linear>(o.n_heads * o.d_v, o.d_model, o.out_bias, o.dtype, gen);
   register_module("out_proj", *out_proj);
+  if (o.qk == QK::symmetric) {  // constants, made once in each dtype (Module::to converts only parameters)
+    Array<double> s = Array<double>::from_shape({o.n_heads * o.d_head});
+    for (std::size_t i = 0; i < s.size(); ++i) s(i) = i % o.d_head < (o.d_head + 1) / 2 ? 1.0 : -1.0;
+    signs64_ = Tensor(std::move(s));
+    signs32_ = signs64_.to(DType::float32);
+  }
 }
 
 double MultiHeadAttention::scale() const { return options_.scale.value_or(1.0 / std::sqrt(double(options_.d_head))); }
@@ -275,11 +281,8 @@ Tensor MultiHeadAttention::W_k(std::size_t h) const {
   return w * slice(key_signs(w.dtype()), 0, 0, std::int64_t(o.d_head));  // W_q(h) diag(s); s is the same per head
 }
 
-Tensor MultiHeadAttention::key_signs(DType dtype) const {
-  const auto& o = options_;
-  Array<double> s = Array<double>::from_shape({o.n_heads * o.d_head});
-  for (std::size_t i = 0; i < s.size(); ++i) s(i) = i % o.d_head < (o.d_head + 1) / 2 ? 1.0 : -1.0;
-  return Tensor(std::move(s)).to(dtype);
+const Tensor& MultiHeadAttention::key_signs(DType dtype) const {
+  return dtype == DType::float32 ? signs32_ : signs64_;
 }
 
 Tensor MultiHeadAttention::keys_of(const Tensor& q) const {

@@ -86,8 +86,9 @@ class MultiHeadAttention : public Module {
   Tensor W_v(std::size_t h) const;
   Tensor W_o(std::size_t h) const;
   std::size_t kv_head_of(std::size_t h) const;
-  // QK::symmetric's signs s, (n_heads · d_head): ±1, the same pattern in every head.
-  Tensor key_signs(DType dtype) const;
+  // QK::symmetric's signs s, (n_heads · d_head): ±1, the same pattern in every head (undefined for
+  // the other options).
+  const Tensor& key_signs(DType dtype) const;
 
   const MultiHeadAttentionOptions& options() const { return options_; }
 
@@ -101,6 +102,7 @@ class MultiHeadAttention : public Module {
   AttentionResult attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights, KVCache* cache,
                          bool unbatched) const;
   MultiHeadAttentionOptions options_;
+  Tensor signs32_, signs64_;  // key_signs
 };
 
 }  // namespace qkv::nn

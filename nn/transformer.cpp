@@ -8,6 +8,7 @@
 #include "qkv/core/ops.hpp"
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/detail/json.hpp"
+#include "qkv/nn/detail/transformer_json.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/nn/safetensors.hpp"
 
@@ -43,14 +44,6 @@ E parse_enum(const detail::FieldReader& r, const char* key, const E (&values)[N]
   return *from_name(values, r.choice(key, names_of(values)));
 }
 
-nlohmann::json config_object(const TransformerConfig& c) {
-  return {{"vocab_size", c.vocab_size}, {"n_classes", c.n_classes}, {"max_len", c.max_len},
-          {"readout", name_of(c.readout)}, {"causal", c.causal}, {"layers", c.layers}, {"d_model", c.d_model},
-          {"heads", c.heads}, {"d_head", c.d_head}, {"kv_heads", c.kv_heads}, {"qk", name_of(c.qk)},
-          {"proj", name_of(c.proj)}, {"scale", c.scale}, {"mlp", c.mlp},
-          {"embeddings", c.frozen_embeddings ? "frozen" : "learned"}, {"positions", name_of(c.positions)},
-          {"causal_layers", c.causal_layers}};
-}
 
 }  // namespace
 
@@ -81,9 +74,8 @@ void check(const TransformerConfig& c) {
   if (c.kv_heads != 0 && c.heads % c.kv_heads != 0)
     config_error("kv_heads", "{} does not divide heads {}", c.kv_heads, c.heads);
   const bool shared_kv = c.kv_heads != 0 && c.kv_heads != c.heads;
-  if (c.qk == QK::symmetric && (c.d_head ? c.d_head : c.d_model / c.heads) < 2)
-    config_error("d_head", "is {}: symmetric q and k need d_head of at least 2 (one +1 and one −1 sign)",
-                 c.d_head ? c.d_head : c.d_model / c.heads);
+  if (c.qk == QK::symmetric && head_dim(c) < 2)
+    config_error("d_head", "is {}: symmetric q and k need d_head of at least 2 (one +1 and one −1 sign)", head_dim(c));
   if (c.qk != QK::untied && shared_kv)
     config_error("kv_heads", "is {}: {} q and k need as many kv heads as heads ({})", c.kv_heads, name_of(c.qk), c.heads);
   if (c.proj == Projection::identity && shared_kv)
@@ -93,11 +85,13 @@ void check(const TransformerConfig& c) {
                  c.d_head, c.heads, c.d_model);
 }
 
+std::size_t head_dim(const TransformerConfig& c) { return c.d_head ? c.d_head : c.d_model / c.heads; }
+
 bool symmetric_scores(const TransformerConfig& c) { return c.qk != QK::untied || c.proj == Projection::identity; }
 
 double parameter_count(const TransformerConfig& c) {
   const double D = double(c.d_model), H = double(c.heads), Hkv = double(c.kv_heads ? c.kv_heads : c.heads);
-  const double dh = c.d_head ? double(c.d_head) : D / H;
+  const double dh = double(head_dim(c));
   // q, k and v: each a (heads · d_head, D) weight and its bias; tied k is q; identity has none.
   const double qkv_heads = c.proj == Projection::identity ? 0 : c.qk != QK::untied ? H + Hkv : H + 2 * Hkv;
   const double attention = qkv_heads * dh * (D + 1) + H * dh * D + D;
@@ -107,10 +101,23 @@ double parameter_count(const TransformerConfig& c) {
   return double(c.vocab_size) * D + positions + double(c.layers) * (2 * D + attention + mlp) + 2 * D + head;
 }
 
-std::string to_json(const TransformerConfig& c) { return config_object(c).dump(); }
+nlohmann::json detail::transformer_config_json(const TransformerConfig& c) {
+  return {{"vocab_size", c.vocab_size}, {"n_classes", c.n_classes}, {"max_len", c.max_len},
+          {"readout", name_of(c.readout)}, {"causal", c.causal}, {"layers", c.layers}, {"d_model", c.d_model},
+          {"heads", c.heads}, {"d_head", c.d_head}, {"kv_heads", c.kv_heads}, {"qk", name_of(c.qk)},
+          {"proj", name_of(c.proj)}, {"scale", c.scale}, {"mlp", c.mlp},
+          {"embeddings", c.frozen_embeddings ? "frozen" : "learned"}, {"positions", name_of(c.positions)},
+          {"causal_layers", c.causal_layers}};
+}
+
+std::string to_json(const TransformerConfig& c) { return detail::transformer_config_json(c).dump(); }
 
 TransformerConfig parse_transformer_config(std::string_view json, const std::string& file, const std::string& prefix) {
-  const nlohmann::json j = detail::parse_json(json, file, 2);  // {"causal_layers": [...]}
+  return detail::read_transformer_config(detail::parse_json(json, file, 2), file, prefix);  // {"causal_layers": [...]}
+}
+
+TransformerConfig detail::read_transformer_config(const nlohmann::json& j, const std::string& file,
+                                                  const std::string& prefix) {
   const detail::FieldReader m(j, file, prefix);
   constexpr std::uint64_t most = TransformerConfig::max_width;
   TransformerConfig c;
@@ -137,7 +144,7 @@ TransformerConfig parse_transformer_config(std::string_view json, const std::str
       m.fail_at("causal_layers", "must be a list of true or false, one per layer");
     for (const auto& b : v) c.causal_layers.push_back(b.get<bool>());
   }
-  m.only(config_object(c));
+  m.only(transformer_config_json(c));
   try {
     check(c);
   } catch (const ConfigError& e) {
@@ -202,10 +209,11 @@ TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weigh
   TransformerOutput f;
   Tensor x = pos ? (*pos)(tok(tokens)) : (*sinusoids)(tok(tokens));  // (B, T, D)
   const bool pointer = config_.readout == Readout::pointer;
+  AttentionMask mask{.key_padding = key_padding};  // one copy of the padding for every layer
   for (std::size_t l = 0; l < blocks.size(); ++l) {
     const TransformerBlock& b = *blocks[l];
     f.inputs.push_back(b.ln1(x));
-    const AttentionMask mask{.causal = causal(l), .key_padding = key_padding};
+    mask.causal = causal(l);
     AttentionResult r = b.attn.forward(f.inputs.back(), mask, need_weights || (pointer && l + 1 == blocks.size()));
     x = x + r.output;
     if (b.fc) x = x + (*b.proj)(gelu((*b.fc)((*b.ln2)(x))));
@@ -245,7 +253,7 @@ IndexArray Transformer::predictions(const Tensor& logits) {
 }
 
 void save_config(const std::string& dir, const TransformerConfig& config) {
-  const nlohmann::json j = {{"model", config_object(config)}};
+  const nlohmann::json j = {{"model", detail::transformer_config_json(config)}};
   write_atomically(dir + "/config.json", j.dump(2) + "\n");
 }
 
@@ -253,7 +261,7 @@ TransformerConfig load_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
   const nlohmann::json j = detail::parse_json(read_file(file, 1 << 20), file, 3);
   const detail::FieldReader r(j, file);
-  return parse_transformer_config(r.at("model").dump(), file, "model.");
+  return detail::read_transformer_config(r.at("model"), file, "model.");
 }
 
 std::unique_ptr<Transformer> load_transformer(const std::string& dir) {

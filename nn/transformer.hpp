@@ -71,6 +71,9 @@ struct ConfigError : std::invalid_argument {
 // projections whose heads do not tile d_model.
 void check(const TransformerConfig& config);
 
+// Each head's query/key width: d_head, or d_model / heads when d_head is 0.
+std::size_t head_dim(const TransformerConfig& config);
+
 // Whether layer l's attention is causal: causal_layers[l], or `causal` when that is empty.
 bool layer_is_causal(const TransformerConfig& config, std::size_t l);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <ostream>
 
 #include <fmt/format.h>
@@ -163,19 +164,16 @@ IndexArray one_row(const std::vector<std::int64_t>& input) {
   return tokens;
 }
 
-std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
-                                                                  const nn::TransformerOutput& f) {
-  const std::size_t T = f.inputs.front().size(1);
+// From a forward with need_weights: each layer's scores, −inf where its mask hides a key (so the
+// pairs each query sees are those; a NaN of a diverged model stays in, and gives none).
+std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::TransformerOutput& f) {
   std::vector<std::vector<std::optional<double>>> out;
-  for (std::size_t l = 0; l < model.blocks.size(); ++l) {
-    MaskArray allowed = xt::ones<bool>(Shape{T, T});  // the layer's mask, as its heads apply it
-    if (model.causal(l))
-      for (std::size_t i = 0; i < T; ++i)
-        for (std::size_t j = i + 1; j < T; ++j) allowed(i, j) = false;
-    const Tensor scores = model.blocks[l]->attn.forward(f.inputs[l], {.causal = model.causal(l)}, true).scores;
+  for (const nn::AttentionResult& r : f.attention) {
     out.emplace_back();
-    for (std::size_t h = 0; h < scores.size(1); ++h)
-      out.back().push_back(nn::softmax_invariant_asymmetry(head_matrix(scores, h), allowed));
+    for (std::size_t h = 0; h < r.scores.size(1); ++h) {
+      const Array<double> s = head_matrix(r.scores, h);
+      out.back().push_back(nn::softmax_invariant_asymmetry(s, xt::not_equal(s, -std::numeric_limits<double>::infinity())));
+    }
   }
   return out;
 }
@@ -185,7 +183,13 @@ std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Tran
 std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
                                                                   const std::vector<std::int64_t>& input) {
   NoGradGuard no_grad;
-  return score_asymmetries(model, model.forward(one_row(input), false));
+  return score_asymmetries(model.forward(one_row(input), true));
+}
+
+Tensor table_scores(const nn::TransformerBlock& block, const Tensor& table) {
+  NoGradGuard no_grad;
+  const Tensor stream = reshape(table, {1, -1, std::int64_t(table.size(1))});
+  return block.attn.forward(block.ln1(stream), {}, true).scores;
 }
 
 Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input, const std::string& dir) {
@@ -206,20 +210,16 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
   for (std::int64_t t : input) r.input_names.push_back(task.token_name(t));
 
   const nn::TransformerOutput f = model.forward(one_row(input), true);
-  const std::vector<std::vector<std::optional<double>>> asymmetry = score_asymmetries(model, f);
+  const std::vector<std::vector<std::optional<double>>> asymmetry = score_asymmetries(f);
   // A pointer task's targets on the input: the weight each head puts on them.
   std::vector<std::int64_t> targets;
   if (task.info().readout == nn::Readout::pointer) {
     r.target_name = task_spec(r.task).target_name;
     targets = task.pointer_targets(input).value_or(std::vector<std::int64_t>{});
   }
-  const auto D = std::int64_t(c.d_model);
-  const Tensor tok = reshape(model.tok.weight, {1, -1, D}), pos = reshape(model.position_table(), {1, -1, D});
-
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
     const nn::TransformerBlock& b = *model.blocks[l];
-    const nn::AttentionResult tokens_only = b.attn.forward(b.ln1(tok), {}, true);
-    const nn::AttentionResult positions_only = b.attn.forward(b.ln1(pos), {}, true);
+    const Tensor tokens_only = table_scores(b, model.tok.weight), positions_only = table_scores(b, model.position_table());
     std::vector<HeadInspection> heads;
     for (std::size_t h = 0; h < c.heads; ++h) {
       HeadInspection hi;
@@ -239,8 +239,8 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
                                            hi.qk_spectrum.rank, d_head));
       hi.ov = nn::ov_circuit(b.attn, h);
       hi.ov_spectrum = nn::spectrum(hi.ov);
-      hi.token_qk = head_matrix(tokens_only.scores, h);
-      hi.position_qk = head_matrix(positions_only.scores, h);
+      hi.token_qk = head_matrix(tokens_only, h);
+      hi.position_qk = head_matrix(positions_only, h);
       hi.attention = head_matrix(f.attention[l].weights, h);
       hi.scores = head_matrix(f.attention[l].scores, h);
       hi.score_asymmetry = asymmetry[l][h];

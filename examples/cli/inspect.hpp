@@ -60,6 +60,11 @@ std::vector<std::int64_t> typical_input(const Task& task);
 std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
                                                                   const std::vector<std::int64_t>& input);
 
+// The scores a layer's heads give when the stream holds only the rows of `table` (N, d_model),
+// after the layer's LayerNorm, biases included, scaled, no mask: (1, H, N, N). With the token
+// embeddings it is the token table (query token × key token); with the positions, the position table.
+Tensor table_scores(const nn::TransformerBlock& block, const Tensor& table);
+
 // Everything `qkv inspect` shows, for `input` (token ids; at most the model's max_len).
 Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input,
                    const std::string& dir = "");

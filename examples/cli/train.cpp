@@ -20,6 +20,7 @@
 #include "examples/cli/checkpoint.hpp"
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/detail/json.hpp"
+#include "qkv/nn/detail/transformer_json.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/optim/adam.hpp"
@@ -39,7 +40,7 @@ nlohmann::json config_json(const TrainOptions& o) {
           {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
           {"checkpoint_every", o.checkpoint_every}, {"threads", o.threads}, {"blas", o.blas},
           {"mask_padding", o.mask_padding},
-          {"model", nlohmann::json::parse(nn::to_json(o.model))}, {"tokens", token_names(*make_task(o.task, o.n))}};
+          {"model", nn::detail::transformer_config_json(o.model)}, {"tokens", token_names(*make_task(o.task, o.n))}};
 }
 
 template <class... Args>
@@ -65,7 +66,7 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
   const nn::TransformerConfig& m = o.model;
   const double D = double(m.d_model), L = double(m.layers), H = double(m.heads), T = double(m.max_len);
   const double Hkv = double(m.kv_heads ? m.kv_heads : m.heads);
-  const double dh = m.d_head ? double(m.d_head) : D / std::max(H, 1.0), B = double(o.batch);
+  const double dh = double(nn::head_dim(m)), B = double(o.batch);  // check_options ran: heads ≥ 1
   const double qkv_width = (H + 2 * Hkv) * dh, mlp = m.mlp ? 1.0 : 0.0;
   // Each parameter: its value, gradient and Adam's two moments, in float32.
   MemoryEstimate e;
@@ -177,7 +178,7 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   if (r.has("threads")) o.threads = r.count("threads", 1, max_threads);
   if (r.has("blas")) o.blas = r.text("blas");
   o.mask_padding = r.has("mask_padding") && r.flag("mask_padding");  // older runs trained without
-  o.model = nn::parse_transformer_config(r.at("model").dump(), file, "model.");
+  o.model = nn::detail::read_transformer_config(r.at("model"), file, "model.");
   // The task's token names, which inspect shows: absent from runs written before they were recorded.
   const nlohmann::json tokens = token_names(*make_task(task, o.n));
   if (r.has("tokens") && r.at("tokens") != tokens)

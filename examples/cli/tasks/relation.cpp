@@ -5,6 +5,7 @@
 
 #include <xtensor/xview.hpp>
 
+#include "examples/cli/inspect.hpp"
 #include "examples/cli/tasks/tasks.hpp"
 #include "examples/cli/train.hpp"
 #include "qkv/core/autograd.hpp"
@@ -92,10 +93,9 @@ Probe RelationTask::probe(const nn::Transformer& model, std::uint64_t seed) cons
   Probe p{.values = {{"top1", top / queries}, {"top1_max", best_sequence}, {"pairwise", pairs_right / pairs}},
           .violations = {}};
 
-  // The readout head's token table: the scores of a stream that holds only token embeddings.
-  const nn::TransformerBlock& block = *model.blocks.back();
-  const Tensor tokens = reshape(model.tok.weight, {1, std::int64_t(n_), -1});
-  const Array<double> table = xt::view(block.attn.forward(block.ln1(tokens), {}, true).scores.to(DType::float64).value<double>(), 0, 0);
+  // The readout head's token table.
+  const Array<double> table =
+      xt::view(table_scores(*model.blocks.back(), model.tok.weight).to(DType::float64).value<double>(), 0, 0);
   double dot = 0, table_norm = 0, relation_norm = 0;
   for (std::size_t a = 0; a < n_; ++a)
     for (std::size_t b = 0; b < n_; ++b) {

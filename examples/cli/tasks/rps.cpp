@@ -118,8 +118,7 @@ TaskSpec rps_task() {
                 const RpsTask::BeaterRanking r = RpsTask::beater_ranking(model, seed);
                 Probe p{.values = {{"beater_top", r.mean}, {"beater_top_max", r.max}}, .violations = {}};
                 const nn::TransformerConfig& c = model.config();
-                const std::size_t d_head = c.d_head ? c.d_head : c.d_model / c.heads;
-                const bool bounded = nn::symmetric_scores(c) || d_head == 1;
+                const bool bounded = nn::symmetric_scores(c) || nn::head_dim(c) == 1;
                 if (bounded && r.max > 2.0 / 3 + 1e-9)
                   p.violations.push_back("a symmetric or rank-1 score put every beater on top in a sequence, which it "
                                          "cannot: a bug");
