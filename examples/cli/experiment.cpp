@@ -11,7 +11,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
-#include "examples/cli/heatmap.hpp"
+#include "examples/cli/experiment_charts.hpp"
 #include "examples/cli/registry.hpp"
 #include "examples/cli/inspect.hpp"
 #include "examples/cli/train.hpp"
@@ -53,24 +53,6 @@ Json readout_score_asymmetry(const nn::Transformer& m, const std::vector<std::ve
   return n > 0 ? Json(total / n) : Json(nullptr);
 }
 
-struct Stats {
-  double mean = 0, sd = 0;
-  std::size_t n = 0;
-};
-
-Stats stats(const std::vector<double>& v) {
-  Stats s;
-  s.n = v.size();
-  if (v.empty()) return s;
-  for (double x : v) s.mean += x;
-  s.mean /= double(v.size());
-  if (v.size() > 1) {
-    for (double x : v) s.sd += (x - s.mean) * (x - s.mean);
-    s.sd = std::sqrt(s.sd / double(v.size() - 1));
-  }
-  return s;
-}
-
 std::string mean_sd(const std::vector<double>& v, const char* format) {
   const Stats s = stats(v);
   if (s.n == 0) return "-";
@@ -78,42 +60,35 @@ std::string mean_sd(const std::vector<double>& v, const char* format) {
   return s.n == 1 ? mean : mean + " ± " + fmt::format(fmt::runtime(format), s.sd);
 }
 
-std::string label_text(const Json& labels) {
-  std::string out;
-  for (const auto& [key, value] : labels.items())
-    out += (out.empty() ? "" : " / ") + (value.is_string() ? value.get<std::string>() : value.dump());
-  return out;
-}
-
-struct Group {
-  Json labels;
-  std::vector<const Json*> runs;
-};
-
-std::vector<Group> groups_of(const Json& runs) {
-  std::vector<Group> groups;
-  for (const auto& run : runs) {
-    const Json& labels = run.at("labels");
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return g.labels == labels; });
-    if (it == groups.end()) it = groups.insert(groups.end(), Group{labels, {}});
-    it->runs.push_back(&run);
-  }
-  return groups;
-}
-
-std::vector<double> column(const Group& g, const char* key) {
+std::vector<double> column(const RunGroup& g, const char* key) {
   std::vector<double> v;
   for (const auto* r : g.runs)
     if (r->contains(key) && !r->at(key).is_null()) v.push_back(r->at(key).get<double>());
   return v;
 }
 
-std::string markdown_table(const std::string& name, const Json& runs) {
-  const std::vector<Group> groups = groups_of(runs);
+// `key` at `step` of each run's curve.
+std::vector<double> curve_column(const RunGroup& g, std::size_t step, const char* key) {
+  std::vector<double> v;
+  for (const auto* r : g.runs)
+    for (const Json& point : r->value("curve", Json::array()))
+      if (point.at("step") == step && point.contains(key) && !point.at(key).is_null()) v.push_back(point.at(key).get<double>());
+  return v;
+}
+
+}  // namespace
+
+std::string experiment_table(const std::string& name, const Json& runs) {
+  const std::vector<RunGroup> groups = group_runs(runs);
   if (groups.empty()) return "";
   std::vector<std::string> header;
   for (const auto& [key, value] : groups[0].labels.items()) header.push_back(key);
-  header.insert(header.end(), {"accuracy", "steps to target", "σ init", "σ", "asymmetry init", "asymmetry"});
+  // Accuracy at the short budget too, when the runs went past it; then at the end.
+  const std::size_t steps = runs[0].at("steps");
+  const bool short_budget = steps > report_step;
+  if (short_budget) header.push_back(fmt::format("accuracy at step {}", report_step));
+  header.push_back(fmt::format("accuracy at step {}", steps));
+  header.insert(header.end(), {"steps to target", "σ init", "σ", "asymmetry init", "asymmetry"});
   // The experiment's own columns, then those of each task's probe.
   std::vector<Column> extras = experiment_spec(name).columns;
   std::vector<std::string> tasks;
@@ -126,10 +101,11 @@ std::string markdown_table(const std::string& name, const Json& runs) {
   std::string out = "| " + fmt::format("{}", fmt::join(header, " | ")) + " |\n|";
   for (std::size_t i = 0; i < header.size(); ++i) out += "---|";
   out += "\n";
-  for (const Group& g : groups) {
+  for (const RunGroup& g : groups) {
     std::vector<std::string> cells;
     for (const auto& [key, value] : g.labels.items())
       cells.push_back(value.is_string() ? value.get<std::string>() : value.dump());
+    if (short_budget) cells.push_back(mean_sd(curve_column(g, report_step, "accuracy"), "{:.3f}"));
     cells.push_back(mean_sd(column(g, "accuracy"), "{:.3f}"));
     const std::vector<double> reached = column(g, "steps_to_target");
     cells.push_back(reached.empty() ? fmt::format("not reached (0/{})", g.runs.size())
@@ -144,49 +120,6 @@ std::string markdown_table(const std::string& name, const Json& runs) {
   return out;
 }
 
-// Horizontal bars of mean accuracy with ±1 std whiskers and every seed as a dot; a dashed line at 2/3.
-std::string accuracy_chart(const std::string& name, const Json& runs) {
-  const std::vector<Group> groups = groups_of(runs);
-  const double label_w = 260, plot_w = 400, row = 20, top = 40;
-  const double height = top + row * double(groups.size()) + 40, width = label_w + plot_w + 30;
-  const auto x = [&](double acc) { return label_w + plot_w * std::clamp(acc, 0.0, 1.0); };
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
-      "font-family=\"DejaVu Sans, sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-      width, height, width, height);
-  s += fmt::format("<text x=\"8\" y=\"18\" font-size=\"13\" font-weight=\"bold\">qkv experiment {}: held-out accuracy "
-                   "(mean ± std over seeds; dots: seeds)</text>\n",
-                   escape_xml(name));
-  for (double tick = 0; tick <= 1.0001; tick += 0.2) {
-    s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#ddd\"/>\n", x(tick), top - 4,
-                     top + row * double(groups.size()));
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#555\">{:.1f}</text>\n", x(tick),
-                     top + row * double(groups.size()) + 14, tick);
-  }
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const Group& g = groups[i];
-    const double y = top + row * double(i);
-    const Stats a = stats(column(g, "accuracy"));
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", label_w - 6, y + row * 0.65,
-                     escape_xml(label_text(g.labels)));
-    s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#6baed6\"><title>{:.4f}</title></rect>\n",
-                     label_w, y + 3, x(a.mean) - label_w, row - 6, a.mean);
-    if (a.n > 1)
-      s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#08306b\" stroke-width=\"1.5\"/>\n",
-                       x(a.mean - a.sd), x(a.mean + a.sd), y + row / 2);
-    for (double v : column(g, "accuracy"))
-      s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.2\" fill=\"#08306b\"/>\n", x(v), y + row / 2);
-  }
-  s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#b2182b\" stroke-dasharray=\"4 3\"/>\n",
-                   x(2.0 / 3), top - 8, top + row * double(groups.size()));
-  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#b2182b\" text-anchor=\"middle\">2/3</text>\n", x(2.0 / 3),
-                   top - 10);
-  s += "</svg>\n";
-  return s;
-}
-
-}  // namespace
-
 std::vector<std::string> experiment_names() { return names_of(experiment_registry()); }
 
 const ExperimentSpec& experiment_spec(const std::string& name) {
@@ -194,12 +127,11 @@ const ExperimentSpec& experiment_spec(const std::string& name) {
 }
 
 TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e, std::size_t n) {
-  const TaskSpec& spec = task_spec(task);
   TrainOptions o = default_options(task, n);
-  o.steps = e.steps ? e.steps : e.quick ? spec.quick_steps : spec.experiment_steps;
+  o.steps = e.steps ? e.steps : e.quick ? quick_steps : full_steps;
   o.warmup = std::min<std::size_t>(o.warmup, o.steps / 10 + 1);
   o.eval_batches = e.eval_batches;
-  o.target = spec.target;
+  o.target = task_spec(task).target;
   o.target_every = e.quick ? 25 : 50;
   o.checkpoint_every = o.steps;  // at the end only
   o.log_every = std::max<std::size_t>(1, o.steps / 10);
@@ -212,10 +144,19 @@ void set_variant(TrainOptions& o, const std::string& variant) {
   o.model.proj = nn::from_name(nn::all_projections, variant).value_or(nn::Projection::learned);
 }
 
+std::vector<std::size_t> curve_steps(std::size_t steps) {
+  std::vector<std::size_t> out = {0};
+  for (std::size_t decade = 10; decade < steps; decade *= 10)
+    for (const std::size_t m : {1, 2, 3, 5})
+      if (m * decade < steps) out.push_back(m * decade);
+  if (steps > 0) out.push_back(steps);
+  return out;
+}
+
 ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progress, bool tty) {
   const ExperimentSpec& spec = experiment_spec(e.name);
   const std::vector<ExperimentConfig> configs = spec.plan(e);
-  const std::size_t seeds = e.seeds ? e.seeds : e.quick ? 1 : 5;
+  const std::size_t seeds = e.seeds ? e.seeds : e.quick ? 1 : full_seeds;
   const std::string out = e.out.empty() ? "runs/experiment-" + e.name : e.out;
   std::filesystem::create_directories(out + "/runs");
   std::ostringstream quiet;
@@ -232,52 +173,80 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
       o.force = true;  // the experiment's own runs: a rerun replaces them
       const auto task = make_task(o.task, o.n);
       const auto sequences = held_out_sequences(*task, 16, seed);
+      const TaskSpec& task_info = task_spec(o.task);
       Json run = {{"experiment", e.name},
-                            {"task", o.task},
-                            {"variant", variant_of(o.model)},
-                            {"embeddings", o.model.frozen_embeddings ? "frozen" : "learned"},
-                            {"seed", seed},
-                            {"labels", config.labels}};
-      {
+                  {"task", o.task},
+                  {"variant", variant_of(o.model)},
+                  {"embeddings", o.model.frozen_embeddings ? "frozen" : "learned"},
+                  {"seed", seed},
+                  {"labels", config.labels}};
+      if (spec.at_init) {
         Generator gen(o.seed);  // the same init as train()'s
         nn::Transformer init(o.model, gen);
-        run["sigma_init"] = readout_sigma(init);
-        run["score_asymmetry_init"] = readout_score_asymmetry(init, sequences);
-        if (spec.at_init) spec.at_init(run, init, *task, sequences, seed);
+        spec.at_init(run, init, *task, sequences, seed);
       }
+      // The curve: accuracy (on the final evaluation's held-out sequences), σ, asymmetry and the
+      // task's probe at log-spaced steps, from the init (step 0) to the end.
+      const std::vector<std::size_t> at = curve_steps(o.steps);
+      Json curve = Json::array();
+      std::vector<std::string> violations;
+      const auto observe = [&](std::size_t step, const nn::Transformer& model) {
+        if (!std::binary_search(at.begin(), at.end(), step)) return;
+        Json point = {{"step", step},
+                      {"accuracy", evaluate(model, *task, o.eval_batches, o.batch, o.seed, o.mask_padding).accuracy},
+                      {"sigma", readout_sigma(model)},
+                      {"score_asymmetry", readout_score_asymmetry(model, sequences)}};
+        if (task_info.probe) {
+          const Probe probe = task_info.probe(model, seed);
+          for (const auto& [key, value] : probe.values) point[key] = value;
+          for (const std::string& v : probe.violations) violations.push_back(fmt::format("at step {}: {}", step, v));
+        }
+        curve.push_back(std::move(point));
+      };
       progress << fmt::format("[{:>3}/{}] {}, seed {}", done + 1, total, label_text(config.labels), seed)
                << (tty ? "\n" : "") << std::flush;
-      const TrainResult r = train(o, tty ? progress : quiet, tty);
+      const TrainResult r = train(o, tty ? progress : quiet, tty, observe);
       const auto model = load_model(o.out);
+      const Json& first = curve.front();
+      const Json& last = curve.back();
       run["accuracy"] = r.eval.accuracy;
       run["steps_to_target"] = r.steps_to_target ? Json(*r.steps_to_target) : Json(nullptr);
       run["target"] = o.target;
       run["steps"] = r.steps;
       run["seconds"] = r.seconds;
-      run["sigma"] = readout_sigma(*model);
-      run["score_asymmetry"] = readout_score_asymmetry(*model, sequences);
+      run["sigma_init"] = first["sigma"];
+      run["sigma"] = last["sigma"];
+      run["score_asymmetry_init"] = first["score_asymmetry"];
+      run["score_asymmetry"] = last["score_asymmetry"];
       if (spec.at_end) spec.at_end(run, *model, sequences);
-      Probe probe;
-      if (const TaskSpec& t = task_spec(o.task); t.probe) probe = t.probe(*model, seed);
-      for (const auto& [key, value] : probe.values) run[key] = value;
+      for (const auto& [key, value] : last.items())  // the probe's values at the end
+        if (!run.contains(key) && key != "step") run[key] = value;
+      run["curve"] = std::move(curve);
       run["config"] = Json::parse(config_text(o));
       progress << fmt::format("{}: accuracy {:.4f}, {}, {:.1f} s\n", tty ? "  done" : "", r.eval.accuracy,
                               r.steps_to_target ? fmt::format("target at step {}", *r.steps_to_target)
                                                 : std::string("target not reached"),
                               r.seconds)
                << std::flush;
-      for (const std::string& violation : probe.violations)
-        result.warnings.push_back(fmt::format("{}, seed {}: {}", label_text(config.labels), seed, violation));
+      for (const std::string& violation : violations)
+        result.warnings.push_back(fmt::format("{}, seed {}, {}", label_text(config.labels), seed, violation));
       result.runs.push_back(std::move(run));
       ++done;
     }
-  result.table = markdown_table(e.name, result.runs);
+  result.table = experiment_table(e.name, result.runs);
   for (const std::string& w : result.warnings) result.table += "\nWARNING: " + w + "\n";
   result.chart = accuracy_chart(e.name, result.runs);
+  for (const auto& [key, what] : {std::pair<std::string, std::string>{"accuracy", "held-out accuracy"},
+                                  {"score_asymmetry", "the readout head's softmax-invariant score asymmetry"}})
+    if (std::string chart = curves_chart(e.name, result.runs, key, what); !chart.empty())
+      result.curves.emplace_back(key, std::move(chart));
   const Json file = {{"experiment", e.name}, {"quick", e.quick}, {"seed_start", e.seed_start}, {"seeds", seeds},
+                     {"steps", result.runs.empty() ? Json(nullptr) : result.runs[0]["steps"]},
+                     {"curve_steps", curve_steps(result.runs.empty() ? 0 : result.runs[0]["steps"].get<std::size_t>())},
                      {"runs", result.runs}};
   nn::write_atomically(out + "/results.json", file.dump(1) + "\n");
   nn::write_atomically(out + "/" + e.name + ".svg", result.chart);
+  for (const auto& [key, chart] : result.curves) nn::write_atomically(fmt::format("{}/{}-{}.svg", out, e.name, key), chart);
   nn::write_atomically(out + "/table.md", result.table);
   return result;
 }

@@ -17,20 +17,27 @@
 
 namespace qkv::cli {
 
+// The budgets of a full run and of a quick one: steps per run, and seeds.
+inline constexpr std::size_t full_steps = 6000, full_seeds = 10, quick_steps = 300;
+// The shorter budget the tables also report, from the curves.
+inline constexpr std::size_t report_step = 1000;
+
 struct ExperimentOptions {
   std::string name;
-  bool quick = false;      // one seed and fewer steps: under 2 minutes
-  std::size_t seeds = 0;   // 0: 5, or 1 with quick
+  bool quick = false;      // one seed and quick_steps: under 2 minutes
+  std::size_t seeds = 0;   // 0: full_seeds, or 1 with quick
   std::uint64_t seed_start = 0;  // the seeds are seed_start, seed_start + 1, …
   std::string out{};       // "" means runs/experiment-NAME
-  std::size_t steps = 0;   // 0: the experiment's own; anything else overrides every run's
+  std::size_t steps = 0;   // of every run; 0: full_steps, or quick_steps with quick
   std::size_t eval_batches = 32;  // of 32 held-out sequences, for the final accuracy
 };
 
 struct ExperimentResult {
   nlohmann::ordered_json runs;  // one object per run; see README
   std::string table;      // markdown: mean ± std per configuration
-  std::string chart;      // SVG: accuracy per configuration
+  std::string chart;      // SVG: final accuracy per configuration
+  // SVGs of the curves along training, by what they draw ("accuracy", "score_asymmetry").
+  std::vector<std::pair<std::string, std::string>> curves;
   std::vector<std::string> warnings;  // broken bounds (a bug): also at the end of the table
 };
 
@@ -61,14 +68,26 @@ std::vector<std::string> experiment_names();
 // Throws std::invalid_argument naming the experiment and listing the known ones.
 const ExperimentSpec& experiment_spec(const std::string& name);
 
-// What every experiment's runs start from: the task's defaults, with the task's experiment
-// budget (TaskSpec::experiment_steps, or quick_steps), checkpointed at the end only, and
+// What every experiment's runs start from: the task's defaults, with the experiment's budget
+// (full_steps, quick_steps or ExperimentOptions::steps), checkpointed at the end only, and
 // steps-to-target measured.
 TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e, std::size_t n = 0);
 // Projections by name: untied, tied, symmetric (QK names), identity or frozen (projections).
 void set_variant(TrainOptions& o, const std::string& variant);
 
-// Runs every configuration for every seed, writes OUT/results.json, OUT/NAME.svg and each run's
+// The steps at which a run's curve is measured: 0 (the init), 10, 20, 30, 50, 100, … (1, 2, 3, 5
+// per decade) below `steps`, and `steps`.
+std::vector<std::size_t> curve_steps(std::size_t steps);
+
+// The markdown table of an experiment's runs: a row per configuration (the runs with the same
+// labels) with the mean ± std over its seeds of the accuracy at step report_step (of runs that
+// went past it) and at the end, steps to target (and how many reached it), σ and the score
+// asymmetry at init and at the end, the experiment's columns and those of each task's probe.
+std::string experiment_table(const std::string& name, const nlohmann::ordered_json& runs);
+
+// Runs every configuration for every seed, writes OUT/results.json (each run with its curve),
+// OUT/table.md, OUT/NAME.svg (final accuracy), OUT/NAME-accuracy.svg and
+// OUT/NAME-score_asymmetry.svg (curves; the latter when some run has an asymmetry) and each run's
 // folder under OUT/runs/, and shows progress on `progress`. Throws std::invalid_argument for an
 // unknown name.
 ExperimentResult run_experiment(const ExperimentOptions& options, std::ostream& progress, bool tty);

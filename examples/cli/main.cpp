@@ -167,8 +167,10 @@ int run_inspect(const InspectArgs& a) {
 int run_experiment_command(ExperimentOptions e) {
   const ExperimentResult r = run_experiment(e, std::cerr, ::isatty(2));
   fmt::print("{}", r.table);
-  fmt::print(stderr, "qkv experiment: wrote {0}/results.json, {0}/{1}.svg and {0}/table.md\n",
-             e.out.empty() ? "runs/experiment-" + e.name : e.out, e.name);
+  const std::string out = e.out.empty() ? "runs/experiment-" + e.name : e.out;
+  std::string charts = fmt::format("{}/{}.svg", out, e.name);
+  for (const auto& [key, chart] : r.curves) charts += fmt::format(", {}/{}-{}.svg", out, e.name, key);
+  fmt::print(stderr, "qkv experiment: wrote {0}/results.json, {0}/table.md, {1}\n", out, charts);
   return 0;
 }
 
@@ -286,10 +288,14 @@ int main(int argc, char** argv) {
   experiment_cmd->add_option("NAME", experiment.name, "One of:" + experiments_text)
       ->required()
       ->check(CLI::IsMember(experiment_names()));
-  experiment_cmd->add_flag("--quick", experiment.quick, "One seed and fewer steps: under 2 minutes");
+  experiment_cmd->add_flag("--quick", experiment.quick,
+                           fmt::format("One seed and {} steps a run: under 2 minutes", quick_steps));
+  experiment_cmd->add_option("--steps", experiment.steps,
+                             fmt::format("Steps of every run (default {}; {} with --quick)", full_steps, quick_steps))
+      ->check(whole(1, 1'000'000));
   experiment_cmd->add_option("--seed-start", experiment.seed_start, "The first seed (default 0)")
       ->check(whole(0, 1'000'000'000));
-  experiment_cmd->add_option("--seeds", experiment_seeds, "Seeds per configuration (default 5; 1 with --quick)")
+  experiment_cmd->add_option("--seeds", experiment_seeds, fmt::format("Seeds per configuration (default {}; 1 with --quick)", full_seeds))
       ->check(whole(1, 1000));
   experiment_cmd->add_option("--out", experiment.out, "Folder for results.json, the chart and the runs");
 

@@ -400,7 +400,7 @@ void note_differences(const TrainOptions& recorded, std::ostream& notes) {
 
 }  // namespace
 
-TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty) {
+TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe) {
   TrainOptions o = options;
   o.threads = get_num_threads();
   if (!o.resume) o.blas = blas_kernels();
@@ -453,6 +453,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
   TrainResult result;
   double running_loss = 0, running_acc = 0;
   std::size_t since_log = 0;
+  if (observe && first_step == 0) observe(0, model);
   for (std::size_t step = first_step; step < last_step; ++step) {
     const Batch b = task->sample(o.batch, gen);
     schedule.apply(opt, step);
@@ -483,6 +484,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty)
     if (o.target_every && !result.steps_to_target && (step + 1) % o.target_every == 0 &&
         evaluate(model, *task, o.target_batches, o.batch, o.seed, o.mask_padding).accuracy >= o.target)
       result.steps_to_target = step + 1;
+    if (observe) observe(step + 1, model);
     if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step) {
       save_checkpoint(folder.path(), model, opt, {.step = step + 1, .rng = gen.state()});
       folder.checkpointed();

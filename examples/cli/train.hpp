@@ -2,6 +2,7 @@
 // `qkv train TASK`: Adam with warmup + cosine and gradient clipping, evaluated on fresh
 // held-out sequences.
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -95,13 +96,17 @@ struct TrainResult {
 // The name of each token id of the task, as config.json records them.
 std::vector<std::string> token_names(const Task& task);
 
+// Sees the model before the first step (step 0; not on a resume) and after every step, with the
+// number of steps done; it picks the steps it measures, and must not change the model.
+using TrainObserver = std::function<void(std::size_t step, const nn::Transformer& model)>;
+
 // Trains, writes OUT/config.json, OUT/metrics.jsonl and checkpoints (see checkpoint.hpp), and shows
 // progress on `progress` (an in-place line when `tty`, else a line per log step). A resumed run
 // ends with weights bit-identical to those of an uninterrupted one. The options are checked, and
 // the model and optimizer built, before the folder is touched; the folder is locked while the run
 // writes it. An existing run in OUT is refused (UsageError) unless options.resume or options.force.
 // A resume starts from the newest checkpoint that loads, and cuts metrics.jsonl back to its step.
-TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty);
+TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe = {});
 
 // The model of a run folder, once config.json passes the program's checks (its task, ranges and
 // memory): nn::load_transformer. Throws std::runtime_error naming the file at fault.

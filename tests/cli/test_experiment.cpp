@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "examples/cli/experiment.hpp"
+#include "examples/cli/experiment_charts.hpp"
 #include "examples/cli/tasks/tasks.hpp"
 #include "tests/cli/short_run.hpp"
 
@@ -54,6 +55,15 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
     CHECK((run.at("steps_to_target").is_null() || run.at("steps_to_target").get<std::size_t>() <= 4));
     CHECK(run.at("config").at("steps") == 4);
     CHECK(run.at("config").at("model").at("causal") == (run.at("labels").at("attention") == "causal"));
+    // The curve: the init and the end (4 steps), measured while the run trained.
+    const auto& curve = run.at("curve");
+    REQUIRE(curve.size() == 2);
+    CHECK(curve[0].at("step") == 0);
+    CHECK(curve[1].at("step") == 4);
+    CHECK(curve[1].at("accuracy") == run.at("accuracy"));  // the final evaluation's sequences
+    CHECK(curve[0].at("sigma") == run.at("sigma_init"));
+    CHECK(curve[1].at("score_asymmetry") == run.at("score_asymmetry"));
+    CHECK(curve[0].at("accuracy") != curve[1].at("accuracy"));
     if (run.at("variant") == "tied") {
       CHECK(std::abs(sigma - 1) < 1e-12);
       CHECK(std::abs(sigma_init - 1) < 1e-12);
@@ -69,7 +79,7 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
   for (std::string line; std::getline(lines, line);) rows.push_back(line);
   REQUIRE(rows.size() == 2 + 4);
   CHECK(rows[0] ==
-        "| task | attention | variant | accuracy | steps to target | σ init | σ | asymmetry init | asymmetry |");
+        "| task | attention | variant | accuracy at step 4 | steps to target | σ init | σ | asymmetry init | asymmetry |");
   CHECK_THAT(rows[2], Contains("| - | - |"));  // causal: no asymmetry to measure
   CHECK_THAT(rows[2], Contains("| brackets | causal | untied | "));
   CHECK_THAT(rows[5], Contains("| brackets | bidirectional | tied | "));
@@ -77,6 +87,10 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
   CHECK_THAT(a.chart, Contains("<svg"));
   CHECK(std::filesystem::exists(e.out + "/results.json"));
   CHECK(std::filesystem::exists(e.out + "/causal.svg"));
+  CHECK(std::filesystem::exists(e.out + "/causal-accuracy.svg"));
+  CHECK(std::filesystem::exists(e.out + "/causal-score_asymmetry.svg"));
+  REQUIRE(a.curves.size() == 2);
+  CHECK(a.curves[0].first == "accuracy");
   std::ifstream in(e.out + "/results.json");
   const nlohmann::json file = nlohmann::json::parse(in);
   CHECK(file.at("runs").size() == 8);
@@ -86,7 +100,7 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
   const ExperimentResult b = run_experiment(again, progress, false);
   REQUIRE(b.runs.size() == a.runs.size());
   for (std::size_t i = 0; i < a.runs.size(); ++i)
-    for (const char* key : {"accuracy", "steps_to_target", "sigma_init", "sigma", "score_asymmetry"})
+    for (const char* key : {"accuracy", "steps_to_target", "sigma_init", "sigma", "score_asymmetry", "curve"})
       CHECK(a.runs[i].at(key) == b.runs[i].at(key));
   std::filesystem::remove_all(e.out);
   std::filesystem::remove_all(again.out);
@@ -215,4 +229,71 @@ TEST_CASE("the length experiment: learned and sinusoidal positions, trained to 2
   }
   CHECK_THAT(r.table, Contains("| accuracy 26-40 | accuracy 42-64 |"));
   std::filesystem::remove_all(e.out);
+}
+
+TEST_CASE("curve steps: the init, then 1, 2, 3 and 5 per decade, and the end") {
+  CHECK(curve_steps(6000) == std::vector<std::size_t>{0, 10, 20, 30, 50, 100, 200, 300, 500, 1000, 2000, 3000, 5000, 6000});
+  CHECK(curve_steps(300) == std::vector<std::size_t>{0, 10, 20, 30, 50, 100, 200, 300});
+  CHECK(curve_steps(1000) == std::vector<std::size_t>{0, 10, 20, 30, 50, 100, 200, 300, 500, 1000});
+  CHECK(curve_steps(4) == std::vector<std::size_t>{0, 4});
+  CHECK(curve_steps(1) == std::vector<std::size_t>{0, 1});
+}
+
+namespace {
+
+// A run of `steps` steps with accuracy `mid` at step 1000 and `end` at the end.
+nlohmann::ordered_json made_run(const std::string& variant, std::size_t seed, double mid, double end, std::size_t steps,
+                                std::optional<std::size_t> reached) {
+  nlohmann::ordered_json run = {{"task", "brackets"}, {"seed", seed}, {"labels", {{"task", "brackets"}, {"variant", variant}}},
+                                {"accuracy", end}, {"steps", steps}, {"sigma_init", 0.5}, {"sigma", 0.25},
+                                {"score_asymmetry_init", nullptr}, {"score_asymmetry", nullptr}};
+  run["steps_to_target"] = reached ? nlohmann::ordered_json(*reached) : nlohmann::ordered_json(nullptr);
+  run["curve"] = {{{"step", 0}, {"accuracy", 0.1}}, {{"step", 1000}, {"accuracy", mid}}, {{"step", steps}, {"accuracy", end}}};
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("experiment table: accuracy at step 1000 and at the end, mean and sample std over seeds") {
+  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+  runs.push_back(made_run("untied", 0, 0.5, 0.9, 6000, 700));
+  runs.push_back(made_run("untied", 1, 0.7, 1.0, 6000, 900));
+  runs.push_back(made_run("tied", 0, 0.2, 0.6, 6000, std::nullopt));
+  const std::string table = experiment_table("causal", runs);
+  std::istringstream lines(table);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(lines, line);) rows.push_back(line);
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[0] == "| task | variant | accuracy at step 1000 | accuracy at step 6000 | steps to target | σ init | σ | "
+                   "asymmetry init | asymmetry |");
+  // 0.5, 0.7: mean 0.6, std √0.02 = 0.141; 0.9, 1.0: 0.95 ± 0.071; 700, 900: 800 ± 141.
+  CHECK(rows[2] == "| brackets | untied | 0.600 ± 0.141 | 0.950 ± 0.071 | 800 ± 141 (2/2) | 0.500 ± 0.000 | 0.250 ± 0.000 | - | - |");
+  CHECK(rows[3] == "| brackets | tied | 0.200 | 0.600 | not reached (0/1) | 0.500 | 0.250 | - | - |");
+  // Runs that stop at the short budget have one accuracy column.
+  nlohmann::ordered_json short_runs = nlohmann::ordered_json::array();
+  short_runs.push_back(made_run("untied", 0, 0.5, 0.9, 1000, 700));
+  CHECK_THAT(experiment_table("causal", short_runs), Contains("| variant | accuracy at step 1000 | steps to target |"));
+}
+
+TEST_CASE("curves chart: a panel per task, a line per configuration through the mean of its seeds") {
+  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+  runs.push_back(made_run("untied", 0, 0.5, 0.9, 6000, 700));
+  runs.push_back(made_run("untied", 1, 0.7, 1.0, 6000, 900));
+  runs.push_back(made_run("tied", 0, 0.2, 0.6, 6000, std::nullopt));
+  const std::string svg = curves_chart("causal", runs, "accuracy", "held-out accuracy");
+  CHECK_THAT(svg, Contains("<title>brackets / untied</title>"));
+  CHECK_THAT(svg, Contains("<title>brackets / tied</title>"));
+  CHECK_THAT(svg, Contains("mean over 2 seed(s)"));
+  // One panel: the plot is 620 - 44 - 12 = 564 wide and 260 - 22 - 34 = 204 high, from (44, 72);
+  // step s at x = 44 + 564 log10(s + 1) / log10(6001), accuracy a at y = 72 + 204 (1 - a).
+  const auto point = [](std::size_t step, double a) {
+    return fmt::format("{:.1f},{:.1f}", 44 + 564 * std::log10(double(step) + 1) / std::log10(6001.0), 72 + 204 * (1 - a));
+  };
+  CHECK_THAT(svg, Contains(fmt::format("points=\"{} {} {} \"", point(0, 0.1), point(1000, 0.6), point(6000, 0.95))));
+  CHECK(std::count(svg.begin(), svg.end(), '\n') > 10);
+  std::size_t polylines = 0;
+  for (std::size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++polylines;
+  CHECK(polylines == 2);
+  // No run has an asymmetry: no chart.
+  CHECK(curves_chart("causal", runs, "score_asymmetry", "asymmetry").empty());
 }

@@ -1,5 +1,7 @@
 #include "tests/helpers.hpp"
 
+#include <numeric>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -69,6 +71,51 @@ TEST_CASE("a one-step run trains and evaluates") {
   CHECK(train(o, quiet, false).steps == 1);
 }
 
+namespace {
+
+// The two run folders' weights are bit-identical.
+void check_same_weights(const std::string& x, const std::string& y) {
+  const auto a = nn::load_safetensors(x + "/model.safetensors").tensors;
+  const auto b = nn::load_safetensors(y + "/model.safetensors").tensors;
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    CHECK(a[i].second.value<float>() == b[i].second.value<float>());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("train's observer sees the init and every step once, in order, and changes nothing") {
+  std::ostringstream quiet;
+  TrainOptions plain = short_run("brackets", "unobserved", 12);
+  train(plain, quiet, false);
+  TrainOptions watched = short_run("brackets", "observed", 12);
+  std::vector<std::size_t> seen;
+  std::vector<double> accuracies;
+  const auto task = make_task("brackets");
+  const TrainResult r = train(watched, quiet, false, [&](std::size_t step, const nn::Transformer& model) {
+    seen.push_back(step);
+    accuracies.push_back(evaluate(model, *task, 2, watched.batch, watched.seed).accuracy);
+  });
+  std::vector<std::size_t> expected(13);
+  std::iota(expected.begin(), expected.end(), 0);
+  CHECK(seen == expected);
+  CHECK(accuracies.back() == r.eval.accuracy);  // the model the run ends with
+  CHECK(accuracies.front() != accuracies.back());
+  check_same_weights(plain.out, watched.out);
+  // A resumed run is seen from the step after its checkpoint: no step 0.
+  TrainOptions first = short_run("brackets", "observed_split", 12, 5);
+  first.stop_after = 5;
+  train(first, quiet, false);
+  TrainOptions rest = read_config(first.out);
+  rest.resume = true;
+  seen.clear();
+  train(rest, quiet, false, [&](std::size_t step, const nn::Transformer&) { seen.push_back(step); });
+  CHECK(seen == std::vector<std::size_t>{6, 7, 8, 9, 10, 11, 12});
+  for (const auto& o : {plain, watched, first}) std::filesystem::remove_all(o.out);
+}
+
 TEST_CASE("a resumed run ends with weights bit-identical to an uninterrupted run") {
   std::ostringstream quiet;
   TrainOptions whole = short_run("brackets", "whole", 40, 10);
@@ -81,13 +128,7 @@ TEST_CASE("a resumed run ends with weights bit-identical to an uninterrupted run
   rest.resume = true;
   CHECK(train(rest, quiet, false).steps == 40);
 
-  const auto a = nn::load_safetensors(whole.out + "/model.safetensors").tensors;
-  const auto b = nn::load_safetensors(rest.out + "/model.safetensors").tensors;
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO(a[i].first);
-    CHECK(a[i].second.value<float>() == b[i].second.value<float>());
-  }
+  check_same_weights(whole.out, rest.out);
 }
 
 TEST_CASE("a resume falls back to the newest checkpoint that loads, naming what it passed over") {

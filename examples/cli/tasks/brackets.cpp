@@ -101,8 +101,6 @@ TaskSpec brackets_task() {
           .make = [](std::size_t) { return std::make_unique<BracketsTask>(); },
           .defaults = [](TrainOptions& o) { o.lr = 1e-2; },  // 3e-3 leaves some seeds short of 99% at 2,000 steps
           .target = 0.99,
-          .experiment_steps = 1200,
-          .quick_steps = 300,
           .longer = {{"26-40", [] { return std::make_unique<BracketsTask>(26, 40); }},
                      {"42-64", [] { return std::make_unique<BracketsTask>(42, 64); }}},
           .target_name = "opener"};

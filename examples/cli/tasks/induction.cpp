@@ -46,9 +46,7 @@ TaskSpec induction_task() {
                 o.model.d_model = 32;
                 o.steps = 1500;
               },
-          .target = 0.95,
-          .experiment_steps = 1000,
-          .quick_steps = 250};
+          .target = 0.95};
 }
 
 }  // namespace qkv::cli

@@ -134,8 +134,6 @@ TaskSpec RelationTask::spec(bool cyclic) {
                 o.steps = 1000;
               },
           .target = 0.99,
-          .experiment_steps = 1000,
-          .quick_steps = 300,
           .target_name = "successor",
           .probe = [cyclic](const nn::Transformer& model, std::uint64_t seed) {
             return RelationTask(model.config().vocab_size, cyclic).probe(model, seed);

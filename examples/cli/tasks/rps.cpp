@@ -111,8 +111,6 @@ TaskSpec rps_task() {
                 o.steps = 1500;
               },
           .target = 0.99,
-          .experiment_steps = 800,
-          .quick_steps = 300,
           .probe =
               [](const nn::Transformer& model, std::uint64_t seed) {
                 const RpsTask::BeaterRanking r = RpsTask::beater_ranking(model, seed);

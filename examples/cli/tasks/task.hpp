@@ -107,7 +107,6 @@ struct TaskSpec {
   // that the task's info sets; with them the task reaches `target` accuracy on held-out sequences.
   std::function<void(TrainOptions&)> defaults = [](TrainOptions&) {};
   double target = 0.99;
-  std::size_t experiment_steps = 1000, quick_steps = 300;  // of each run in `qkv experiment`
   // Longer sequences than training's, which `qkv eval` also scores when the model has the
   // positions for them (`train --max-len`): brackets "26-40" and "42-64".
   std::vector<LongerLengths> longer{};

@@ -1,0 +1,203 @@
+#include "examples/cli/experiment_charts.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "examples/cli/heatmap.hpp"  // escape_xml
+
+namespace qkv::cli {
+
+using Json = nlohmann::ordered_json;
+
+std::vector<RunGroup> group_runs(const Json& runs) {
+  std::vector<RunGroup> groups;
+  for (const auto& run : runs) {
+    const Json& labels = run.at("labels");
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const RunGroup& g) { return g.labels == labels; });
+    if (it == groups.end()) it = groups.insert(groups.end(), RunGroup{labels, {}});
+    it->runs.push_back(&run);
+  }
+  return groups;
+}
+
+std::string label_text(const Json& labels) {
+  std::string out;
+  for (const auto& [key, value] : labels.items())
+    out += (out.empty() ? "" : " / ") + (value.is_string() ? value.get<std::string>() : value.dump());
+  return out;
+}
+
+Stats stats(const std::vector<double>& v) {
+  Stats s;
+  s.n = v.size();
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= double(v.size());
+  if (v.size() > 1) {
+    for (double x : v) s.sd += (x - s.mean) * (x - s.mean);
+    s.sd = std::sqrt(s.sd / double(v.size() - 1));
+  }
+  return s;
+}
+
+namespace {
+
+std::string svg_open(double width, double height) {
+  return fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" viewBox=\"0 0 {0:.0f} {1:.0f}\" "
+      "font-family=\"DejaVu Sans, sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+      width, height);
+}
+
+std::vector<double> final_accuracies(const RunGroup& g) {
+  std::vector<double> v;
+  for (const Json* r : g.runs) v.push_back(r->at("accuracy").get<double>());
+  return v;
+}
+
+// Ten colours that stay apart for the common kinds of colour blindness (Tableau 10).
+constexpr const char* palette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+                                   "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
+
+}  // namespace
+
+std::string accuracy_chart(const std::string& name, const Json& runs) {
+  const std::vector<RunGroup> groups = group_runs(runs);
+  const double label_w = 260, plot_w = 400, row = 20, top = 40;
+  const double bottom = top + row * double(groups.size());
+  const auto x = [&](double acc) { return label_w + plot_w * std::clamp(acc, 0.0, 1.0); };
+  std::string s = svg_open(label_w + plot_w + 30, bottom + 40);
+  s += fmt::format("<text x=\"8\" y=\"18\" font-size=\"13\" font-weight=\"bold\">qkv experiment {}: held-out accuracy "
+                   "(mean ± std over seeds; dots: seeds)</text>\n",
+                   escape_xml(name));
+  for (double tick = 0; tick <= 1.0001; tick += 0.2) {
+    s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#ddd\"/>\n", x(tick), top - 4,
+                     bottom);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#555\">{:.1f}</text>\n", x(tick),
+                     bottom + 14, tick);
+  }
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const RunGroup& g = groups[i];
+    const double y = top + row * double(i);
+    const std::vector<double> accuracies = final_accuracies(g);
+    const Stats a = stats(accuracies);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", label_w - 6, y + row * 0.65,
+                     escape_xml(label_text(g.labels)));
+    s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#6baed6\"><title>{:.4f}</title></rect>\n",
+                     label_w, y + 3, x(a.mean) - label_w, row - 6, a.mean);
+    if (a.n > 1)
+      s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#08306b\" stroke-width=\"1.5\"/>\n",
+                       x(a.mean - a.sd), x(a.mean + a.sd), y + row / 2);
+    for (double v : accuracies)
+      s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.2\" fill=\"#08306b\"/>\n", x(v), y + row / 2);
+  }
+  s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#b2182b\" stroke-dasharray=\"4 3\"/>\n",
+                   x(2.0 / 3), top - 8, bottom);
+  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#b2182b\" text-anchor=\"middle\">2/3</text>\n", x(2.0 / 3), top - 10);
+  return s + "</svg>\n";
+}
+
+std::string curves_chart(const std::string& name, const Json& runs, const std::string& key, const std::string& what) {
+  // One line per configuration: at each step, the values of its seeds.
+  struct Line {
+    std::string panel, series;
+    std::map<std::size_t, std::vector<double>> values;
+  };
+  std::vector<Line> lines;
+  std::vector<std::string> panels, series;
+  double top_value = 0;
+  std::size_t last_step = 1, seeds = 0;
+  for (const RunGroup& g : group_runs(runs)) {
+    seeds = std::max(seeds, g.runs.size());
+    Json rest = g.labels;
+    Line line;
+    if (rest.contains("task") && rest.size() > 1) {
+      line.panel = rest["task"].is_string() ? rest["task"].get<std::string>() : rest["task"].dump();
+      rest.erase("task");
+    }
+    line.series = label_text(rest);
+    for (const Json* run : g.runs)
+      for (const Json& point : run->value("curve", Json::array()))
+        if (point.contains(key) && !point.at(key).is_null()) {
+          const double v = point.at(key).get<double>();
+          const std::size_t step = point.at("step").get<std::size_t>();
+          line.values[step].push_back(v);
+          top_value = std::max(top_value, v);
+          last_step = std::max(last_step, step);
+        }
+    if (line.values.empty()) continue;
+    if (std::find(panels.begin(), panels.end(), line.panel) == panels.end()) panels.push_back(line.panel);
+    if (std::find(series.begin(), series.end(), line.series) == series.end()) series.push_back(line.series);
+    lines.push_back(std::move(line));
+  }
+  if (lines.empty()) return "";
+  // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2) up to the next half.
+  const double y_max = top_value <= 1 ? 1.0 : std::ceil(top_value * 2) / 2;
+  const std::size_t columns = std::min<std::size_t>(3, panels.size());
+  const std::size_t rows = (panels.size() + columns - 1) / columns;
+  const double panel_w = panels.size() == 1 ? 620 : 300, panel_h = panels.size() == 1 ? 260 : 190, left = 44, right = 12, above = 22, below = 34, head = 50;
+  const double legend_row = 16, legend_w = 300;
+  const std::size_t legend_columns = std::max<std::size_t>(1, std::size_t(panel_w * double(columns) / legend_w));
+  const double legend_h = legend_row * double((series.size() + legend_columns - 1) / legend_columns) + 8;
+  const double width = panel_w * double(columns) + 10, height = head + panel_h * double(rows) + legend_h;
+  const double plot_w = panel_w - left - right, plot_h = panel_h - above - below;
+  const double x_max = std::log10(double(last_step) + 1);
+
+  std::string s = svg_open(width, height);
+  s += fmt::format("<text x=\"8\" y=\"18\" font-size=\"13\" font-weight=\"bold\">qkv experiment {}: {}</text>\n",
+                   escape_xml(name), escape_xml(what));
+  s += fmt::format("<text x=\"8\" y=\"34\" fill=\"#555\">along training: the mean over {} seed(s); the band runs from the "
+                   "lowest seed to the highest</text>\n",
+                   seeds);
+  for (std::size_t p = 0; p < panels.size(); ++p) {
+    const double x0 = double(p % columns) * panel_w + left, y0 = head + double(p / columns) * panel_h + above;
+    const auto x = [&](std::size_t step) { return x0 + plot_w * std::log10(double(step) + 1) / x_max; };
+    const auto y = [&](double v) { return y0 + plot_h * (1 - std::clamp(v / y_max, 0.0, 1.0)); };
+    if (!panels[p].empty())
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-weight=\"bold\">{}</text>\n", x0, y0 - 8, escape_xml(panels[p]));
+    s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#999\"/>\n", x0,
+                     y0, plot_w, plot_h);
+    for (int i = 0; i <= 4; ++i) {
+      const double v = y_max * i / 4;
+      s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#eee\"/>\n", x0, x0 + plot_w, y(v));
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#555\">{:.2g}</text>\n", x0 - 4, y(v) + 4, v);
+    }
+    std::vector<std::size_t> ticks = {0};
+    for (std::size_t t = 10; t <= last_step; t *= 10) ticks.push_back(t);
+    if (last_step > ticks.back() * 2) ticks.push_back(last_step);
+    for (std::size_t t : ticks)
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n", x(t),
+                       y0 + plot_h + 14, t);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#555\">steps (log scale)</text>\n",
+                     x0 + plot_w / 2, y0 + plot_h + 28);
+    for (const Line& line : lines) {
+      if (line.panel != panels[p]) continue;
+      const std::size_t c = std::size_t(std::find(series.begin(), series.end(), line.series) - series.begin());
+      const char* colour = palette[c % std::size(palette)];
+      std::string band_top, band_bottom, mean;
+      for (const auto& [step, values] : line.values) {
+        const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
+        band_top += fmt::format("{:.1f},{:.1f} ", x(step), y(*hi));
+        band_bottom = fmt::format("{:.1f},{:.1f} ", x(step), y(*lo)) + band_bottom;
+        mean += fmt::format("{:.1f},{:.1f} ", x(step), y(stats(values).mean));
+      }
+      s += fmt::format("<polygon points=\"{}{}\" fill=\"{}\" fill-opacity=\"0.15\" stroke=\"none\"/>\n", band_top, band_bottom,
+                       colour);
+      s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\"><title>{}</title></polyline>\n",
+                       mean, colour, escape_xml((line.panel.empty() ? "" : line.panel + " / ") + line.series));
+    }
+  }
+  const double legend_y = head + panel_h * double(rows);
+  for (std::size_t c = 0; c < series.size(); ++c) {
+    const double lx = 10 + legend_w * double(c % legend_columns), ly = legend_y + legend_row * double(c / legend_columns);
+    s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"18\" height=\"4\" fill=\"{}\"/>\n", lx, ly + 4,
+                     palette[c % std::size(palette)]);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n", lx + 24, ly + 10, escape_xml(series[c]));
+  }
+  return s + "</svg>\n";
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,36 @@
+#pragma once
+// The numbers of `qkv experiment` runs gathered per configuration, and drawn: final accuracy as bars,
+// and any measurement along training as curves over log-spaced steps.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace qkv::cli {
+
+// The runs of one configuration (the same labels), in the order the runs first name them.
+struct RunGroup {
+  nlohmann::ordered_json labels;
+  std::vector<const nlohmann::ordered_json*> runs;
+};
+std::vector<RunGroup> group_runs(const nlohmann::ordered_json& runs);
+
+// "brackets / causal / tied": the labels' values.
+std::string label_text(const nlohmann::ordered_json& labels);
+
+struct Stats {
+  double mean = 0, sd = 0;  // sd: sample standard deviation; 0 for one value
+  std::size_t n = 0;
+};
+Stats stats(const std::vector<double>& values);
+
+// Horizontal bars of mean final accuracy with ±1 std whiskers and every seed as a dot.
+std::string accuracy_chart(const std::string& name, const nlohmann::ordered_json& runs);
+
+// `key` of each run's "curve" (its points {step, key: value}) against the step on a log axis: a
+// panel per task, a line per configuration (mean over seeds) with a band from the lowest seed to
+// the highest. Null values are left out; "" when no run has one.
+std::string curves_chart(const std::string& name, const nlohmann::ordered_json& runs, const std::string& key,
+                         const std::string& what);
+
+}  // namespace qkv::cli
