@@ -297,3 +297,29 @@ TEST_CASE("curves chart: a panel per task, a line per configuration through the 
   // No run has an asymmetry: no chart.
   CHECK(curves_chart("causal", runs, "score_asymmetry", "asymmetry").empty());
 }
+
+TEST_CASE("the docs' experiment tables are those of the committed results") {
+  // docs/experiments/NAME/results.json holds every run of a full run; table.md beside it and the
+  // table in docs/experiments.md must be what the runner makes of those runs.
+  const std::filesystem::path docs = std::filesystem::path(QKV_FIXTURES) / ".." / ".." / "docs";
+  std::ifstream page_in(docs / "experiments.md");
+  REQUIRE(page_in);
+  const std::string page((std::istreambuf_iterator<char>(page_in)), std::istreambuf_iterator<char>());
+  for (const std::string& name : experiment_names()) {
+    INFO(name);
+    std::ifstream in(docs / "experiments" / name / "results.json");
+    REQUIRE(in);
+    const nlohmann::ordered_json results = nlohmann::ordered_json::parse(in);
+    CHECK(results.at("experiment") == name);
+    CHECK(results.at("quick") == false);
+    CHECK(results.at("seeds") == full_seeds);
+    CHECK(results.at("steps") == full_steps);
+    CHECK(results.at("runs").size() == experiment_spec(name).plan({.name = name}).size() * full_seeds);
+    for (const auto& run : results.at("runs")) CHECK(run.at("curve").back().at("accuracy") == run.at("accuracy"));
+    const std::string table = experiment_table(name, results.at("runs"));
+    std::ifstream table_in(docs / "experiments" / name / "table.md");
+    const std::string committed((std::istreambuf_iterator<char>(table_in)), std::istreambuf_iterator<char>());
+    CHECK(committed == table);
+    CHECK(page.find(table) != std::string::npos);
+  }
+}
