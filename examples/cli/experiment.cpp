@@ -1,9 +1,7 @@
 #include "examples/cli/experiment.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
-#include <map>
 #include <ostream>
 #include <sstream>
 
@@ -83,11 +81,12 @@ std::string experiment_table(const std::string& name, const Json& runs) {
   if (groups.empty()) return "";
   std::vector<std::string> header;
   for (const auto& [key, value] : groups[0].labels.items()) header.push_back(key);
-  // Accuracy at the short budget too, when the runs went past it; then at the end.
+  // Accuracy at step report_step too, when the runs went past it; then at the end.
   const std::size_t steps = runs[0].at("steps");
-  const bool short_budget = steps > report_step;
+  const bool same_steps = std::all_of(runs.begin(), runs.end(), [&](const Json& r) { return r.at("steps") == steps; });
+  const bool short_budget = same_steps && steps > report_step;
   if (short_budget) header.push_back(fmt::format("accuracy at step {}", report_step));
-  header.push_back(fmt::format("accuracy at step {}", steps));
+  header.push_back(same_steps ? fmt::format("accuracy at step {}", steps) : std::string("accuracy at the end"));
   header.insert(header.end(), {"steps to target", "σ init", "σ", "asymmetry init", "asymmetry"});
   // The experiment's own columns, then those of each task's probe.
   std::vector<Column> extras = experiment_spec(name).columns;
@@ -206,7 +205,8 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
       progress << fmt::format("[{:>3}/{}] {}, seed {}", done + 1, total, label_text(config.labels), seed)
                << (tty ? "\n" : "") << std::flush;
       const TrainResult r = train(o, tty ? progress : quiet, tty, observe);
-      const auto model = load_model(o.out);
+      if (curve.empty() || curve.front()["step"] != 0 || curve.back()["step"] != r.steps)
+        throw std::logic_error(fmt::format("{}: the run's curve does not run from step 0 to step {}", o.out, r.steps));
       const Json& first = curve.front();
       const Json& last = curve.back();
       run["accuracy"] = r.eval.accuracy;
@@ -218,11 +218,11 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
       run["sigma"] = last["sigma"];
       run["score_asymmetry_init"] = first["score_asymmetry"];
       run["score_asymmetry"] = last["score_asymmetry"];
-      if (spec.at_end) spec.at_end(run, *model, sequences);
+      if (spec.at_end) spec.at_end(run, *load_model(o.out), sequences);
       for (const auto& [key, value] : last.items())  // the probe's values at the end
         if (!run.contains(key) && key != "step") run[key] = value;
       run["curve"] = std::move(curve);
-      run["config"] = Json::parse(config_text(o));
+      run["config"] = Json::parse(nn::read_file(o.out + "/config.json", 1 << 20));  // as train recorded it
       progress << fmt::format("{}: accuracy {:.4f}, {}, {:.1f} s\n", tty ? "  done" : "", r.eval.accuracy,
                               r.steps_to_target ? fmt::format("target at step {}", *r.steps_to_target)
                                                 : std::string("target not reached"),
@@ -240,10 +240,9 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
                                   {"score_asymmetry", "the readout head's softmax-invariant score asymmetry"}})
     if (std::string chart = curves_chart(e.name, result.runs, key, what); !chart.empty())
       result.curves.emplace_back(key, std::move(chart));
+  const std::size_t steps = configs.empty() ? 0 : configs[0].options.steps;  // every run's (experiment_run)
   const Json file = {{"experiment", e.name}, {"quick", e.quick}, {"seed_start", e.seed_start}, {"seeds", seeds},
-                     {"steps", result.runs.empty() ? Json(nullptr) : result.runs[0]["steps"]},
-                     {"curve_steps", curve_steps(result.runs.empty() ? 0 : result.runs[0]["steps"].get<std::size_t>())},
-                     {"runs", result.runs}};
+                     {"steps", steps}, {"curve_steps", curve_steps(steps)}, {"runs", result.runs}};
   nn::write_atomically(out + "/results.json", file.dump(1) + "\n");
   nn::write_atomically(out + "/" + e.name + ".svg", result.chart);
   for (const auto& [key, chart] : result.curves) nn::write_atomically(fmt::format("{}/{}-{}.svg", out, e.name, key), chart);

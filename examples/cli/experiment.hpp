@@ -1,9 +1,9 @@
 #pragma once
 // `qkv experiment NAME`: rerunnable evidence for the teaching claims about W_q, W_k and W_v.
 // Each experiment trains a grid of configurations over several seeds, and reports mean ± std per
-// configuration as a markdown table, every run as JSON, and a chart as SVG. Each experiment is an
-// ExperimentSpec in a file of its own under experiments/, listed in experiments/registry.cpp
-// (`qkv experiment --help` lists them).
+// configuration as a markdown table, every run (with its curve along training) as JSON, and
+// charts as SVG. Each experiment is an ExperimentSpec in a file of its own under experiments/,
+// listed in experiments/registry.cpp (`qkv experiment --help` lists them).
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -29,11 +29,11 @@ struct ExperimentOptions {
   std::uint64_t seed_start = 0;  // the seeds are seed_start, seed_start + 1, …
   std::string out{};       // "" means runs/experiment-NAME
   std::size_t steps = 0;   // of every run; 0: full_steps, or quick_steps with quick
-  std::size_t eval_batches = 32;  // of 32 held-out sequences, for the final accuracy
+  std::size_t eval_batches = 32;  // of 32 held-out sequences, for the accuracy at each curve point
 };
 
 struct ExperimentResult {
-  nlohmann::ordered_json runs;  // one object per run; see README
+  nlohmann::ordered_json runs;  // one object per run; see docs/experiments.md
   std::string table;      // markdown: mean ± std per configuration
   std::string chart;      // SVG: final accuracy per configuration
   // SVGs of the curves along training, by what they draw ("accuracy", "score_asymmetry").

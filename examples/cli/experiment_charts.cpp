@@ -163,7 +163,7 @@ std::string curves_chart(const std::string& name, const Json& runs, const std::s
     for (int i = 0; i <= 4; ++i) {
       const double v = y_max * i / 4;
       s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#eee\"/>\n", x0, x0 + plot_w, y(v));
-      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#555\">{:.2g}</text>\n", x0 - 4, y(v) + 4, v);
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#555\">{:.3g}</text>\n", x0 - 4, y(v) + 4, v);
     }
     std::vector<std::size_t> ticks = {0};
     for (std::size_t t = 10; t <= last_step; t *= 10) ticks.push_back(t);

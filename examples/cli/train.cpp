@@ -448,12 +448,19 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   MetricsLog metrics(metrics_file, !o.resume);
 
   const auto start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  const auto since = [](auto t) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); };
+  double observing = 0;  // the observer's time, which the run's seconds leave out
+  const auto elapsed = [&] { return since(start) - observing; };
+  const auto observed = [&](std::size_t step) {
+    const auto t = std::chrono::steady_clock::now();
+    observe(step, model);
+    observing += since(t);
+  };
   const std::size_t last_step = o.stop_after ? std::min(o.stop_after, o.steps) : o.steps;
   TrainResult result;
   double running_loss = 0, running_acc = 0;
   std::size_t since_log = 0;
-  if (observe && first_step == 0) observe(0, model);
+  if (observe && first_step == 0) observed(0);
   for (std::size_t step = first_step; step < last_step; ++step) {
     const Batch b = task->sample(o.batch, gen);
     schedule.apply(opt, step);
@@ -484,7 +491,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
     if (o.target_every && !result.steps_to_target && (step + 1) % o.target_every == 0 &&
         evaluate(model, *task, o.target_batches, o.batch, o.seed, o.mask_padding).accuracy >= o.target)
       result.steps_to_target = step + 1;
-    if (observe) observe(step + 1, model);
+    if (observe) observed(step + 1);
     if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step) {
       save_checkpoint(folder.path(), model, opt, {.step = step + 1, .rng = gen.state()});
       folder.checkpointed();

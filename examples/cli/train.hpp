@@ -96,8 +96,9 @@ struct TrainResult {
 // The name of each token id of the task, as config.json records them.
 std::vector<std::string> token_names(const Task& task);
 
-// Sees the model before the first step (step 0; not on a resume) and after every step, with the
-// number of steps done; it picks the steps it measures, and must not change the model.
+// Sees the model before the first step when the run starts from step 0, and after every step, with
+// the number of steps done; it picks the steps it measures, and must not change the model. Its
+// time is left out of the run's seconds (TrainResult, metrics.jsonl).
 using TrainObserver = std::function<void(std::size_t step, const nn::Transformer& model)>;
 
 // Trains, writes OUT/config.json, OUT/metrics.jsonl and checkpoints (see checkpoint.hpp), and shows

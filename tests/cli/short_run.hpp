@@ -5,7 +5,10 @@
 #include <filesystem>
 #include <string>
 
+#include "tests/helpers.hpp"  // Catch2, after xarray.hpp
+
 #include "examples/cli/train.hpp"
+#include "qkv/nn/safetensors.hpp"
 
 namespace qkv::test {
 
@@ -25,6 +28,17 @@ inline cli::TrainOptions short_run(const std::string& task, const std::string& o
   o.out = temp_folder("train_" + out);
   std::filesystem::remove_all(o.out);  // a fresh folder: train refuses to replace a run without force
   return o;
+}
+
+// The two run folders' weights are bit-identical (a Catch2 check per tensor).
+inline void check_same_weights(const std::string& x, const std::string& y) {
+  const auto a = nn::load_safetensors(x + "/model.safetensors").tensors;
+  const auto b = nn::load_safetensors(y + "/model.safetensors").tensors;
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    CHECK(a[i].second.value<float>() == b[i].second.value<float>());
+  }
 }
 
 }  // namespace qkv::test

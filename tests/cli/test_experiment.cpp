@@ -9,6 +9,7 @@
 #include "examples/cli/experiment.hpp"
 #include "examples/cli/experiment_charts.hpp"
 #include "examples/cli/tasks/tasks.hpp"
+#include "qkv/core/runtime.hpp"
 #include "tests/cli/short_run.hpp"
 
 using namespace qkv;
@@ -231,12 +232,30 @@ TEST_CASE("the length experiment: learned and sinusoidal positions, trained to 2
   std::filesystem::remove_all(e.out);
 }
 
+TEST_CASE("an experiment's run trains the same weights as train alone: measuring along the way changes nothing") {
+  std::ostringstream progress;
+  const ExperimentOptions e = tiny("causal", "same_weights", 1);
+  const ExperimentResult r = run_experiment(e, progress, false);
+  REQUIRE(r.runs.size() == 4);
+  // The bidirectional untied run: its curve ran the probe and the asymmetry's forwards.
+  CHECK_FALSE(r.runs[2].at("score_asymmetry").is_null());
+  TrainOptions o = read_config(e.out + "/runs/02-seed0");
+  o.out = temp_folder("experiment_same_weights_alone");
+  o.force = true;
+  train(o, progress, false);
+  check_same_weights(e.out + "/runs/02-seed0", o.out);
+  CHECK(r.runs[2].at("config").at("blas") == blas_kernels());  // the run's own config.json
+  std::filesystem::remove_all(e.out);
+  std::filesystem::remove_all(o.out);
+}
+
 TEST_CASE("curve steps: the init, then 1, 2, 3 and 5 per decade, and the end") {
   CHECK(curve_steps(6000) == std::vector<std::size_t>{0, 10, 20, 30, 50, 100, 200, 300, 500, 1000, 2000, 3000, 5000, 6000});
   CHECK(curve_steps(300) == std::vector<std::size_t>{0, 10, 20, 30, 50, 100, 200, 300});
   CHECK(curve_steps(1000) == std::vector<std::size_t>{0, 10, 20, 30, 50, 100, 200, 300, 500, 1000});
   CHECK(curve_steps(4) == std::vector<std::size_t>{0, 4});
   CHECK(curve_steps(1) == std::vector<std::size_t>{0, 1});
+  CHECK(curve_steps(0) == std::vector<std::size_t>{0});
 }
 
 namespace {
@@ -273,6 +292,9 @@ TEST_CASE("experiment table: accuracy at step 1000 and at the end, mean and samp
   nlohmann::ordered_json short_runs = nlohmann::ordered_json::array();
   short_runs.push_back(made_run("untied", 0, 0.5, 0.9, 1000, 700));
   CHECK_THAT(experiment_table("causal", short_runs), Contains("| variant | accuracy at step 1000 | steps to target |"));
+  // Runs of different budgets: one column, at each run's end.
+  short_runs.push_back(made_run("tied", 0, 0.5, 0.7, 6000, std::nullopt));
+  CHECK_THAT(experiment_table("causal", short_runs), Contains("| variant | accuracy at the end | steps to target |"));
 }
 
 TEST_CASE("curves chart: a panel per task, a line per configuration through the mean of its seeds") {
@@ -301,7 +323,7 @@ TEST_CASE("curves chart: a panel per task, a line per configuration through the 
 TEST_CASE("the docs' experiment tables are those of the committed results") {
   // docs/experiments/NAME/results.json holds every run of a full run; table.md beside it and the
   // table in docs/experiments.md must be what the runner makes of those runs.
-  const std::filesystem::path docs = std::filesystem::path(QKV_FIXTURES) / ".." / ".." / "docs";
+  const std::filesystem::path docs = std::filesystem::path(QKV_SOURCE_DIR) / "docs";
   std::ifstream page_in(docs / "experiments.md");
   REQUIRE(page_in);
   const std::string page((std::istreambuf_iterator<char>(page_in)), std::istreambuf_iterator<char>());

@@ -14,6 +14,7 @@
 
 using namespace qkv;
 using namespace qkv::cli;
+using qkv::test::check_same_weights;
 using qkv::test::short_run;
 
 
@@ -70,21 +71,6 @@ TEST_CASE("a one-step run trains and evaluates") {
   const TrainOptions o = short_run("rps", "one", 1);
   CHECK(train(o, quiet, false).steps == 1);
 }
-
-namespace {
-
-// The two run folders' weights are bit-identical.
-void check_same_weights(const std::string& x, const std::string& y) {
-  const auto a = nn::load_safetensors(x + "/model.safetensors").tensors;
-  const auto b = nn::load_safetensors(y + "/model.safetensors").tensors;
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO(a[i].first);
-    CHECK(a[i].second.value<float>() == b[i].second.value<float>());
-  }
-}
-
-}  // namespace
 
 TEST_CASE("train's observer sees the init and every step once, in order, and changes nothing") {
   std::ostringstream quiet;
