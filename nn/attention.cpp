@@ -166,7 +166,7 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   if (o.proj == Projection::identity)
     return attend(xb, symmetric ? keys_of(xb) : xb, xb, mask, need_weights, cache, x.dim() == 2);
   const Linear& k_lin = k_proj ? *k_proj : *q_proj;
-  if (!need_weights && cache == nullptr) {
+  if (!need_weights && cache == nullptr && hooks.empty()) {
     // One GEMM over the stacked weights [W_q; W_k; W_v] makes q, k and v side by side, and one fused
     // op attends every head reading them in place. Symmetric keys: the rows of W_q (and b_q) times s.
     const Tensor signs = symmetric ? key_signs(q_proj->weight.dtype()) : Tensor();
@@ -215,13 +215,18 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   using I = std::int64_t;
   const I B = I(q.size(0)), Tq = I(q.size(1)), Tnew = I(k.size(1));
   const I H = I(o.n_heads), Hkv = I(o.n_kv_heads), G = H / Hkv, dh = I(o.d_head), dv = I(o.d_v);
-  if (!need_weights && cache == nullptr) {
+  if (!need_weights && cache == nullptr && hooks.empty()) {
     // One fused op, on the heads as the projections packed them.
     const FusedMask m = fused_mask(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tnew));
     AttentionResult r;
     r.output = (*out_proj)(scaled_dot_product_attention(q, k, v, o.n_heads, o.n_kv_heads, scale(), m.causal, m.allowed));
     if (unbatched_input) r.output = unbatched(r.output);
     return r;
+  }
+  if (!hooks.empty()) {  // each as (B, T, heads, width)
+    q = reshape(hooks.run("hook_q", reshape(q, {B, Tq, H, dh})), {B, Tq, H * dh});
+    k = reshape(hooks.run("hook_k", reshape(k, {B, Tnew, Hkv, dh})), {B, Tnew, Hkv * dh});
+    v = reshape(hooks.run("hook_v", reshape(v, {B, Tnew, Hkv, dv})), {B, Tnew, Hkv * dv});
   }
   Tensor q5 = permute(reshape(q, {B, Tq, Hkv, G, dh}), {0, 2, 3, 1, 4});  // (B, Hkv, G, Tq, dh)
   Tensor k4 = permute(reshape(k, {B, Tnew, Hkv, dh}), {0, 2, 1, 3});      // (B, Hkv, Tnew, dh)
@@ -244,16 +249,17 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   scores = reshape(scores, {B, H, Tq, Tk});
   const MaskArray allowed = allowed_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tk));
   if (allowed.dimension() > 0) scores = masked_fill(scores, !allowed, -std::numeric_limits<double>::infinity());
-  const Tensor weights = softmax(scores, -1);
+  scores = hooks.run("hook_scores", scores);
+  const Tensor weights = hooks.run("hook_pattern", softmax(scores, -1));
   const Tensor heads = reshape(matmul(reshape(weights, {B, Hkv, G, Tq, Tk}), reshape(v4, {B, Hkv, 1, Tk, dv})),
                                {B, H, Tq, dv});
-  const Tensor merged = reshape(permute(heads, {0, 2, 1, 3}), {B, Tq, H * dv});  // heads side by side
+  const Tensor z = hooks.run("hook_z", permute(heads, {0, 2, 1, 3}));  // (B, Tq, H, dv)
   AttentionResult r;
-  r.output = (*out_proj)(merged);
+  r.output = (*out_proj)(reshape(z, {B, Tq, H * dv}));  // heads side by side
   if (need_weights) {
     r.weights = weights;
     r.scores = scores;
-    r.heads = heads;
+    r.heads = permute(z, {0, 2, 1, 3});
   }
   if (unbatched_input) {
     r.output = unbatched(r.output);

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "qkv/core/random.hpp"
+#include "qkv/nn/hooks.hpp"
 #include "qkv/nn/layers.hpp"
 
 namespace qkv::nn {
@@ -95,6 +96,14 @@ class MultiHeadAttention : public Module {
   // Null where the option removes them: k_proj when tied or symmetric (q_proj serves), q/k/v for
   // identity.
   std::unique_ptr<Linear> q_proj, k_proj, v_proj, out_proj;
+
+  // Hook points (see hooks.hpp), in TransformerLens's shapes: hook_q (B, Tq, H, d_head), hook_k
+  // (B, Tk, n_kv_heads, d_head) and hook_v (B, Tk, n_kv_heads, d_v) for the new positions only
+  // under a KV cache, hook_scores (B, H, Tq, Tk: scaled, −inf where masked), hook_pattern (the
+  // weights, B, H, Tq, Tk) and hook_z (each head's output before out_proj, B, Tq, H, d_v). With a
+  // hook installed, forward runs op by op (never the fused kernel). A Transformer names them
+  // blocks.L.attn.hook_q and so on.
+  HookPoints hooks{{"hook_q", "hook_k", "hook_v", "hook_scores", "hook_pattern", "hook_z"}};
 
  private:
   double scale() const;  // options().scale, or 1/√d_head

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "qkv/core/ops.hpp"
 #include "qkv/nn/checkpoint.hpp"
@@ -153,8 +154,25 @@ TransformerConfig detail::read_transformer_config(const nlohmann::json& j, const
   return c;
 }
 
+namespace {
+
+std::vector<std::string> block_hook_names(bool mlp) {
+  std::vector<std::string> names = {"hook_resid_pre", "ln1.hook_normalized", "hook_attn_out"};
+  if (mlp) names.insert(names.end(), {"hook_resid_mid", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out"});
+  names.push_back("hook_resid_post");
+  return names;
+}
+
+std::vector<std::string> model_hook_names(Readout readout) {
+  std::vector<std::string> names = {"hook_embed", "hook_pos_embed"};
+  if (readout == Readout::token) names.push_back("ln_final.hook_normalized");
+  return names;
+}
+
+}  // namespace
+
 TransformerBlock::TransformerBlock(const TransformerConfig& c, Generator& gen)
-    : ln1(c.d_model, 1e-5, true, c.dtype), attn(attention_options(c), gen) {
+    : ln1(c.d_model, 1e-5, true, c.dtype), attn(attention_options(c), gen), hooks(block_hook_names(c.mlp)) {
   register_module("ln1", ln1);
   register_module("attn", attn);
   if (c.mlp) {
@@ -168,7 +186,10 @@ TransformerBlock::TransformerBlock(const TransformerConfig& c, Generator& gen)
 }
 
 Transformer::Transformer(const TransformerConfig& c, Generator& gen)
-    : tok(checked(c).vocab_size, c.d_model, c.dtype, gen), ln_f(c.d_model, 1e-5, true, c.dtype), config_(c) {
+    : tok(checked(c).vocab_size, c.d_model, c.dtype, gen),
+      ln_f(c.d_model, 1e-5, true, c.dtype),
+      config_(c),
+      hooks_(model_hook_names(c.readout)) {
   register_module("tok", tok);
   if (c.positions == Positions::learned) {
     pos = std::make_unique<LearnedPositionalEncoding>(c.max_len, c.d_model, c.dtype, gen);
@@ -179,6 +200,8 @@ Transformer::Transformer(const TransformerConfig& c, Generator& gen)
   for (std::size_t l = 0; l < c.layers; ++l) {
     blocks.push_back(std::make_unique<TransformerBlock>(c, gen));
     register_module("layers." + std::to_string(l), *blocks.back());
+    blocks.back()->hooks.set_prefix(fmt::format("blocks.{}.", l));
+    blocks.back()->attn.hooks.set_prefix(fmt::format("blocks.{}.attn.", l));
   }
   register_module("ln_f", ln_f);
   if (c.readout == Readout::token) {
@@ -206,26 +229,112 @@ bool Transformer::causal(std::size_t l) const { return layer_is_causal(config_, 
 TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding) const {
   if (tokens.dimension() != 2)
     fail("Transformer", "tokens of shape {}: expected (batch, positions)", to_string(to_shape(tokens.shape())));
+  const std::size_t T = tokens.shape()[1];
+  if (T > config_.max_len) fail("Transformer", "positions 0 to {} are beyond max_len {}", T, config_.max_len);
   TransformerOutput f;
-  Tensor x = pos ? (*pos)(tok(tokens)) : (*sinusoids)(tok(tokens));  // (B, T, D)
+  const Tensor embed = hooks_.run("hook_embed", tok(tokens));  // (B, T, D)
+  Tensor x = embed + hooks_.run("hook_pos_embed", slice(position_table(), 0, 0, std::int64_t(T)));
   const bool pointer = config_.readout == Readout::pointer;
   AttentionMask mask{.key_padding = key_padding};  // one copy of the padding for every layer
   for (std::size_t l = 0; l < blocks.size(); ++l) {
     const TransformerBlock& b = *blocks[l];
-    f.inputs.push_back(b.ln1(x));
+    const HookPoints& h = b.hooks;
+    x = h.run("hook_resid_pre", x);
+    f.inputs.push_back(h.run("ln1.hook_normalized", b.ln1(x)));
     mask.causal = causal(l);
     AttentionResult r = b.attn.forward(f.inputs.back(), mask, need_weights || (pointer && l + 1 == blocks.size()));
+    r.output = h.run("hook_attn_out", r.output);
     x = x + r.output;
-    if (b.fc) x = x + (*b.proj)(gelu((*b.fc)((*b.ln2)(x))));
+    if (b.fc) {
+      x = h.run("hook_resid_mid", x);
+      const Tensor pre = h.run("mlp.hook_pre", (*b.fc)(h.run("ln2.hook_normalized", (*b.ln2)(x))));
+      x = x + h.run("hook_mlp_out", (*b.proj)(h.run("mlp.hook_post", gelu(pre))));
+    }
+    x = h.run("hook_resid_post", x);
     f.attention.push_back(std::move(r));
   }
   if (pointer) {
     const Tensor& s = f.attention.back().scores;  // (B, H, T, T)
     f.logits = reshape(slice(s, 1, 0, 1), {std::int64_t(s.size(0)), std::int64_t(s.size(2)), std::int64_t(s.size(3))});
   } else {
-    f.logits = (*head)(ln_f(x));
+    f.logits = (*head)(hooks_.run("ln_final.hook_normalized", ln_f(x)));
   }
   return f;
+}
+
+std::vector<HookPoints*> Transformer::hook_points() {
+  std::vector<HookPoints*> out = {&hooks_};
+  for (const auto& b : blocks) out.insert(out.end(), {&b->hooks, &b->attn.hooks});
+  return out;
+}
+
+std::vector<std::string> Transformer::hook_names() const {
+  const std::vector<std::string> own = hooks_.names();
+  std::vector<std::string> names(own.begin(), own.begin() + 2);  // hook_embed, hook_pos_embed
+  for (const auto& b : blocks) {
+    const std::vector<std::string> block = b->hooks.names(), attn = b->attn.hooks.names();
+    names.insert(names.end(), block.begin(), block.begin() + 2);  // hook_resid_pre, ln1.hook_normalized
+    names.insert(names.end(), attn.begin(), attn.end());
+    names.insert(names.end(), block.begin() + 2, block.end());
+  }
+  names.insert(names.end(), own.begin() + 2, own.end());  // ln_final.hook_normalized
+  return names;
+}
+
+void Transformer::add_hook(const std::string& name, ForwardHook hook) {
+  for (HookPoints* points : hook_points())
+    if (points->has(name)) return points->add(name, std::move(hook));
+  fail("Transformer", "no hook point '{}'; this model has {}", name, fmt::join(hook_names(), ", "));
+}
+
+void Transformer::reset_hooks() {
+  for (HookPoints* points : hook_points()) points->clear();
+}
+
+TransformerOutput Transformer::run_with_hooks(const IndexArray& tokens,
+                                              const std::vector<std::pair<std::string, ForwardHook>>& hooks,
+                                              bool need_weights, const MaskArray& key_padding) {
+  std::vector<HookPoints> before;  // the model's own hooks, put back however the forward ends
+  for (HookPoints* points : hook_points()) before.push_back(*points);
+  const auto restore = [&] {
+    const std::vector<HookPoints*> points = hook_points();
+    for (std::size_t i = 0; i < points.size(); ++i) *points[i] = before[i];
+  };
+  try {
+    for (const auto& [name, hook] : hooks) add_hook(name, hook);
+    TransformerOutput f = forward(tokens, need_weights, key_padding);
+    restore();
+    return f;
+  } catch (...) {
+    restore();
+    throw;
+  }
+}
+
+ActivationCache Transformer::run_with_cache(const IndexArray& tokens, const MaskArray& key_padding,
+                                            const std::function<bool(const std::string&)>& keep) {
+  ActivationCache cache;
+  std::vector<std::pair<std::string, ForwardHook>> hooks;
+  for (const std::string& name : hook_names())
+    if (!keep || keep(name))
+      hooks.emplace_back(name, [&cache](const Tensor& value, const std::string& point) {
+        cache.activations.emplace_back(point, value.detach());
+        return value;
+      });
+  cache.output = run_with_hooks(tokens, hooks, false, key_padding);
+  return cache;
+}
+
+const Tensor& ActivationCache::operator[](const std::string& name) const {
+  for (const auto& [point, value] : activations)
+    if (point == name) return value;
+  std::vector<std::string> names;
+  for (const auto& a : activations) names.push_back(a.first);
+  fail("ActivationCache", "no activation '{}' (it has {})", name, fmt::join(names, ", "));
+}
+
+bool ActivationCache::contains(const std::string& name) const {
+  return std::any_of(activations.begin(), activations.end(), [&](const auto& a) { return a.first == name; });
 }
 
 Tensor Transformer::loss(const TransformerOutput& f, const IndexArray& targets, std::int64_t ignore_index) const {

@@ -18,6 +18,7 @@
 // layers.L.attn.{q,k,v,out}_proj.{weight,bias}, layers.L.{ln2,fc,proj}.* with the MLP,
 // ln_f.{weight,bias}, head.{weight,bias} for the token readout.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -27,6 +28,7 @@
 
 #include "qkv/core/random.hpp"
 #include "qkv/nn/attention.hpp"
+#include "qkv/nn/hooks.hpp"
 
 namespace qkv::nn {
 
@@ -120,7 +122,15 @@ class TransformerBlock : public Module {
   MultiHeadAttention attn;
   std::unique_ptr<LayerNorm> ln2;  // with the MLP
   std::unique_ptr<Linear> fc, proj;
+  // hook_resid_pre, ln1.hook_normalized, hook_attn_out, with the MLP hook_resid_mid,
+  // ln2.hook_normalized, mlp.hook_pre (fc's output), mlp.hook_post (after GELU) and hook_mlp_out,
+  // then hook_resid_post: each (B, T, width). A Transformer names them blocks.L.hook_resid_pre …
+  HookPoints hooks;
 };
+
+// What Transformer::run_with_cache returns: the forward's output, and the activation at each hook
+// point, in the order the forward reached them, detached from the graph.
+struct ActivationCache;
 
 struct TransformerOutput {
   Tensor logits;                           // (B, T, n_classes), or (B, T, T) head-0 scores (pointer)
@@ -147,6 +157,25 @@ class Transformer : public Module {
 
   const TransformerConfig& config() const { return config_; }
 
+  // Hook points (hooks.hpp), as TransformerLens names them, in the order a forward reaches them:
+  // hook_embed (B, T, d_model), hook_pos_embed (the rows of the position table the input uses,
+  // T × d_model), then per layer L the block's points blocks.L.hook_resid_pre … with the
+  // attention's blocks.L.attn.hook_q … hook_z after blocks.L.ln1.hook_normalized (see
+  // TransformerBlock and MultiHeadAttention), and, with the token readout,
+  // ln_final.hook_normalized.
+  std::vector<std::string> hook_names() const;
+  // Adds `hook` to the point `name`; std::invalid_argument naming it when there is none.
+  void add_hook(const std::string& name, ForwardHook hook);
+  // Removes every hook.
+  void reset_hooks();
+  // forward with `hooks` added for this call only (the model's own hooks run first).
+  TransformerOutput run_with_hooks(const IndexArray& tokens, const std::vector<std::pair<std::string, ForwardHook>>& hooks,
+                                   bool need_weights = false, const MaskArray& key_padding = MaskArray());
+  // forward, keeping the activation at every hook point whose name `keep` accepts (all without
+  // it), as the model goes on with it (after the model's own hooks).
+  ActivationCache run_with_cache(const IndexArray& tokens, const MaskArray& key_padding = MaskArray(),
+                                 const std::function<bool(const std::string&)>& keep = {});
+
   // The table of positions added to the token embeddings, (max_len, d_model): pos.weight, or the
   // fixed sinusoids.
   Tensor position_table() const;
@@ -159,7 +188,17 @@ class Transformer : public Module {
   std::unique_ptr<Linear> head;  // token readout only
 
  private:
+  std::vector<HookPoints*> hook_points();  // the model's, each block's and each attention's
   TransformerConfig config_;
+  HookPoints hooks_;  // hook_embed, hook_pos_embed, ln_final.hook_normalized
+};
+
+struct ActivationCache {
+  TransformerOutput output;
+  std::vector<std::pair<std::string, Tensor>> activations;
+  // The activation at hook point `name`; std::invalid_argument naming it when the cache has none.
+  const Tensor& operator[](const std::string& name) const;
+  bool contains(const std::string& name) const;
 };
 
 // DIR/config.json as {"model": CONFIG}, written atomically.

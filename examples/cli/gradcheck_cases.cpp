@@ -159,7 +159,7 @@ void add_module_cases(Catalogue& c) {
 }
 
 // The whole Transformer, with respect to every parameter, through its loss: each readout, with
-// and without the MLP, tied, GQA and frozen embeddings.
+// and without the MLP, tied, GQA and frozen embeddings, and with hooks installed.
 void add_transformer_cases(Catalogue& c) {
   using namespace nn;
   const auto config = [](auto edit) {
@@ -192,6 +192,27 @@ void add_transformer_cases(Catalogue& c) {
                        }));
     });
   }
+  // With a hook on every point: each scales its activation by 0.9, and layer 1's hook_z zeroes
+  // head 1 (an ablation), so every gradient flows through what the hooks return.
+  c.add_setup("Transformer", "Transformer token, MLP, hooks everywhere", [config](Generator& g) {
+    auto m = std::make_shared<Transformer>(config([](auto& t) { t.mlp = true; t.causal = false; }), g);
+    for (const std::string& name : m->hook_names())
+      m->add_hook(name, [](const Tensor& v, const std::string& point) {
+        if (point == "blocks.1.attn.hook_z") {  // (B, T, H, d_v): zero head 1
+          const Tensor keep(Array<double>(xt::xarray<double>{1, 1, 1, 1, 0, 0, 0, 0}));
+          return v * reshape(keep, {1, 1, 2, 4});
+        }
+        return v * 0.9;
+      });
+    const IndexArray tokens{{0, 3, 1, 4, 2}, {4, 4, 0, 1, 3}};
+    const IndexArray targets{{1, -100, 2, 0, 2}, {0, 2, 1, -100, 1}};
+    Inputs params;
+    for (const Tensor& p : m->parameters())
+      if (p.requires_grad()) params.push_back(p);
+    return std::pair(params, GradcheckFunction([m, tokens, targets](const Inputs&) {
+                       return m->loss(m->forward(tokens), targets);
+                     }));
+  });
 }
 
 std::vector<GradcheckCase> build() {
