@@ -249,7 +249,7 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   scores = reshape(scores, {B, H, Tq, Tk});
   const MaskArray allowed = allowed_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tk));
   if (allowed.dimension() > 0) scores = masked_fill(scores, !allowed, -std::numeric_limits<double>::infinity());
-  scores = hooks.run("hook_scores", scores);
+  scores = hooks.run("hook_attn_scores", scores);
   const Tensor weights = hooks.run("hook_pattern", softmax(scores, -1));
   const Tensor heads = reshape(matmul(reshape(weights, {B, Hkv, G, Tq, Tk}), reshape(v4, {B, Hkv, 1, Tk, dv})),
                                {B, H, Tq, dv});
@@ -259,7 +259,7 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   if (need_weights) {
     r.weights = weights;
     r.scores = scores;
-    r.heads = permute(z, {0, 2, 1, 3});
+    r.heads = hooks.empty() ? heads : permute(z, {0, 2, 1, 3});
   }
   if (unbatched_input) {
     r.output = unbatched(r.output);

@@ -97,13 +97,14 @@ class MultiHeadAttention : public Module {
   // identity.
   std::unique_ptr<Linear> q_proj, k_proj, v_proj, out_proj;
 
-  // Hook points (see hooks.hpp), in TransformerLens's shapes: hook_q (B, Tq, H, d_head), hook_k
-  // (B, Tk, n_kv_heads, d_head) and hook_v (B, Tk, n_kv_heads, d_v) for the new positions only
-  // under a KV cache, hook_scores (B, H, Tq, Tk: scaled, −inf where masked), hook_pattern (the
-  // weights, B, H, Tq, Tk) and hook_z (each head's output before out_proj, B, Tq, H, d_v). With a
-  // hook installed, forward runs op by op (never the fused kernel). A Transformer names them
-  // blocks.L.attn.hook_q and so on.
-  HookPoints hooks{{"hook_q", "hook_k", "hook_v", "hook_scores", "hook_pattern", "hook_z"}};
+  // Hook points (see hooks.hpp), named and shaped as in TransformerLens: hook_q (B, Tq, H,
+  // d_head), hook_k (B, Tk, n_kv_heads, d_head) and hook_v (B, Tk, n_kv_heads, d_v) for the new
+  // positions only under a KV cache, hook_attn_scores (B, H, Tq, Tk: scaled, −inf where masked),
+  // hook_pattern (the weights, B, H, Tq, Tk) and hook_z (each head's output before out_proj, B, Tq,
+  // H, d_v). An unbatched input is seen with B = 1. With a hook installed, forward runs op by op,
+  // never in the fused kernel (in float32 its results may then differ in the last bits). A
+  // Transformer names them blocks.L.attn.hook_q and so on.
+  HookPoints hooks{{"hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"}};
 
  private:
   double scale() const;  // options().scale, or 1/√d_head

@@ -29,7 +29,7 @@ void HookPoints::add(const std::string& name, ForwardHook hook) {
   hooks_.emplace_back(name.substr(prefix_.size()), std::move(hook));
 }
 
-Tensor HookPoints::run(const std::string& local, Tensor value) const {
+Tensor HookPoints::run(std::string_view local, Tensor value) const {
   for (const auto& [point, hook] : hooks_) {
     if (point != local) continue;
     const std::string name = prefix_ + point;

@@ -7,10 +7,13 @@
 //     return z * head_mask;  // z is (B, T, H, d_v): zero one head's output
 //   });
 //
-// A hook returns the value the model goes on with: the one it was given, or a tensor of the same
-// shape and dtype. Gradients flow through whatever it returns.
+// A hook returns the value the model goes on with: the one it was given, or a new tensor of the
+// same shape and dtype (never the given one changed in place: autograd and a cache hold it).
+// Gradients flow through whatever it returns.
+#include <cstddef>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -38,10 +41,15 @@ class HookPoints {
   void add(const std::string& name, ForwardHook hook);
   void clear() { hooks_.clear(); }
   bool empty() const { return hooks_.empty(); }
+  // The number of hooks added, and a cut back to the first `n` of them (removing the later ones).
+  std::size_t size() const { return hooks_.size(); }
+  void truncate(std::size_t n) noexcept {
+    if (n < hooks_.size()) hooks_.erase(hooks_.begin() + std::ptrdiff_t(n), hooks_.end());
+  }
 
   // `value` through the hooks of the point `local` ("hook_q"), in order. Throws
   // std::invalid_argument naming the point and both shapes when a hook changes the shape or dtype.
-  Tensor run(const std::string& local, Tensor value) const;
+  Tensor run(std::string_view local, Tensor value) const;
 
  private:
   std::vector<std::string> local_;

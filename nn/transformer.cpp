@@ -233,7 +233,12 @@ TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weigh
   if (T > config_.max_len) fail("Transformer", "positions 0 to {} are beyond max_len {}", T, config_.max_len);
   TransformerOutput f;
   const Tensor embed = hooks_.run("hook_embed", tok(tokens));  // (B, T, D)
-  Tensor x = embed + hooks_.run("hook_pos_embed", slice(position_table(), 0, 0, std::int64_t(T)));
+  Tensor positions = slice(position_table(), 0, 0, std::int64_t(T));  // (T, D), added to every sequence
+  if (!hooks_.empty()) {  // a hook sees them per sequence, (B, T, D), as TransformerLens shows them
+    const std::vector<Tensor> copies(tokens.shape()[0], reshape(positions, {1, std::int64_t(T), -1}));
+    positions = concat(copies, 0);
+  }
+  Tensor x = embed + hooks_.run("hook_pos_embed", positions);
   const bool pointer = config_.readout == Readout::pointer;
   AttentionMask mask{.key_padding = key_padding};  // one copy of the padding for every layer
   for (std::size_t l = 0; l < blocks.size(); ++l) {
@@ -294,25 +299,21 @@ void Transformer::reset_hooks() {
 TransformerOutput Transformer::run_with_hooks(const IndexArray& tokens,
                                               const std::vector<std::pair<std::string, ForwardHook>>& hooks,
                                               bool need_weights, const MaskArray& key_padding) {
-  std::vector<HookPoints> before;  // the model's own hooks, put back however the forward ends
-  for (HookPoints* points : hook_points()) before.push_back(*points);
-  const auto restore = [&] {
-    const std::vector<HookPoints*> points = hook_points();
-    for (std::size_t i = 0; i < points.size(); ++i) *points[i] = before[i];
-  };
-  try {
-    for (const auto& [name, hook] : hooks) add_hook(name, hook);
-    TransformerOutput f = forward(tokens, need_weights, key_padding);
-    restore();
-    return f;
-  } catch (...) {
-    restore();
-    throw;
-  }
+  // The hooks go after the model's own at each point; however the forward ends, each point is cut
+  // back to the hooks it had.
+  struct Restore {
+    std::vector<std::pair<HookPoints*, std::size_t>> sizes;
+    ~Restore() {
+      for (const auto& [points, n] : sizes) points->truncate(n);
+    }
+  } restore;
+  for (HookPoints* points : hook_points()) restore.sizes.emplace_back(points, points->size());
+  for (const auto& [name, hook] : hooks) add_hook(name, hook);
+  return forward(tokens, need_weights, key_padding);
 }
 
-ActivationCache Transformer::run_with_cache(const IndexArray& tokens, const MaskArray& key_padding,
-                                            const std::function<bool(const std::string&)>& keep) {
+ActivationCache Transformer::run_with_cache(const IndexArray& tokens, const std::function<bool(const std::string&)>& keep,
+                                            const MaskArray& key_padding) {
   ActivationCache cache;
   std::vector<std::pair<std::string, ForwardHook>> hooks;
   for (const std::string& name : hook_names())

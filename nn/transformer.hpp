@@ -158,8 +158,7 @@ class Transformer : public Module {
   const TransformerConfig& config() const { return config_; }
 
   // Hook points (hooks.hpp), as TransformerLens names them, in the order a forward reaches them:
-  // hook_embed (B, T, d_model), hook_pos_embed (the rows of the position table the input uses,
-  // T × d_model), then per layer L the block's points blocks.L.hook_resid_pre … with the
+  // hook_embed and hook_pos_embed (B, T, d_model), then per layer L the block's points blocks.L.hook_resid_pre … with the
   // attention's blocks.L.attn.hook_q … hook_z after blocks.L.ln1.hook_normalized (see
   // TransformerBlock and MultiHeadAttention), and, with the token readout,
   // ln_final.hook_normalized.
@@ -172,9 +171,10 @@ class Transformer : public Module {
   TransformerOutput run_with_hooks(const IndexArray& tokens, const std::vector<std::pair<std::string, ForwardHook>>& hooks,
                                    bool need_weights = false, const MaskArray& key_padding = MaskArray());
   // forward, keeping the activation at every hook point whose name `keep` accepts (all without
-  // it), as the model goes on with it (after the model's own hooks).
-  ActivationCache run_with_cache(const IndexArray& tokens, const MaskArray& key_padding = MaskArray(),
-                                 const std::function<bool(const std::string&)>& keep = {});
+  // it), as the model goes on with it (after the model's own hooks). Attention runs op by op
+  // while hooked, so in float32 the output may differ from forward's in the last bits.
+  ActivationCache run_with_cache(const IndexArray& tokens, const std::function<bool(const std::string&)>& keep = {},
+                                 const MaskArray& key_padding = MaskArray());
 
   // The table of positions added to the token embeddings, (max_len, d_model): pos.weight, or the
   // fixed sinusoids.

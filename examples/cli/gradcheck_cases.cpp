@@ -192,15 +192,20 @@ void add_transformer_cases(Catalogue& c) {
                        }));
     });
   }
-  // With a hook on every point: each scales its activation by 0.9, and layer 1's hook_z zeroes
-  // head 1 (an ablation), so every gradient flows through what the hooks return.
-  c.add_setup("Transformer", "Transformer token, MLP, hooks everywhere", [config](Generator& g) {
-    auto m = std::make_shared<Transformer>(config([](auto& t) { t.mlp = true; t.causal = false; }), g);
+  // With a hook on every point of a GQA model: each scales its activation by 0.9, and layer 1's
+  // hook_z scales head 1 by 0.5, so every gradient flows through what the hooks return.
+  c.add_setup("Transformer", "Transformer token, MLP, GQA, hooks everywhere", [config](Generator& g) {
+    auto m = std::make_shared<Transformer>(config([](auto& t) {
+      t.mlp = true;
+      t.causal = false;
+      t.heads = 4;
+      t.kv_heads = 2;
+    }), g);
     for (const std::string& name : m->hook_names())
       m->add_hook(name, [](const Tensor& v, const std::string& point) {
-        if (point == "blocks.1.attn.hook_z") {  // (B, T, H, d_v): zero head 1
-          const Tensor keep(Array<double>(xt::xarray<double>{1, 1, 1, 1, 0, 0, 0, 0}));
-          return v * reshape(keep, {1, 1, 2, 4});
+        if (point == "blocks.1.attn.hook_z") {  // (B, T, H, d_v)
+          const Tensor scale(Array<double>(xt::xarray<double>{1, 1, 0.5, 0.5, 1, 1, 1, 1}));
+          return v * reshape(scale, {1, 1, 4, 2});
         }
         return v * 0.9;
       });

@@ -32,7 +32,7 @@ TEST_CASE("run_with_cache keeps every hook point in forward order, in Transforme
   for (const auto& a : cache.activations) names.push_back(a.first);
   REQUIRE(names == m.hook_names());
   const std::vector<std::string> block = {"hook_resid_pre", "ln1.hook_normalized", "attn.hook_q", "attn.hook_k",
-                                          "attn.hook_v", "attn.hook_scores", "attn.hook_pattern", "attn.hook_z",
+                                          "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
                                           "hook_attn_out", "hook_resid_mid", "ln2.hook_normalized", "mlp.hook_pre",
                                           "mlp.hook_post", "hook_mlp_out", "hook_resid_post"};
   std::vector<std::string> expected = {"hook_embed", "hook_pos_embed"};
@@ -43,10 +43,10 @@ TEST_CASE("run_with_cache keeps every hook point in forward order, in Transforme
 
   const auto shape = [&](const std::string& name) { return cache[name].shape(); };
   CHECK(shape("hook_embed") == Shape{2, 5, 8});
-  CHECK(shape("hook_pos_embed") == Shape{5, 8});
+  CHECK(shape("hook_pos_embed") == Shape{2, 5, 8});
   CHECK(shape("blocks.0.attn.hook_q") == Shape{2, 5, 2, 4});
   CHECK(shape("blocks.0.attn.hook_v") == Shape{2, 5, 2, 4});
-  CHECK(shape("blocks.1.attn.hook_scores") == Shape{2, 2, 5, 5});
+  CHECK(shape("blocks.1.attn.hook_attn_scores") == Shape{2, 2, 5, 5});
   CHECK(shape("blocks.1.attn.hook_pattern") == Shape{2, 2, 5, 5});
   CHECK(shape("blocks.1.attn.hook_z") == Shape{2, 5, 2, 4});
   CHECK(shape("blocks.1.mlp.hook_pre") == Shape{2, 5, 32});
@@ -59,13 +59,14 @@ TEST_CASE("run_with_cache keeps every hook point in forward order, in Transforme
     for (std::size_t t = 0; t < 5; ++t)
       for (std::size_t d = 0; d < 8; ++d) {
         CHECK(embed(b, t, d) == tok(std::size_t(tokens(b, t)), d));
+        CHECK(values(cache["hook_pos_embed"])(b, t, d) == pos(t, d));
         CHECK(values(cache["blocks.0.hook_resid_pre"])(b, t, d) == embed(b, t, d) + pos(t, d));
       }
   for (std::size_t l = 0; l < 2; ++l) {
     const std::string p = "blocks." + std::to_string(l) + ".";
     const Array<double> x = values(cache[p + "ln1.hook_normalized"]), q = values(cache[p + "attn.hook_q"]),
                         k = values(cache[p + "attn.hook_k"]), v = values(cache[p + "attn.hook_v"]),
-                        s = values(cache[p + "attn.hook_scores"]), w = values(cache[p + "attn.hook_pattern"]),
+                        s = values(cache[p + "attn.hook_attn_scores"]), w = values(cache[p + "attn.hook_pattern"]),
                         z = values(cache[p + "attn.hook_z"]);
     const nn::MultiHeadAttention& attn = m.blocks[l]->attn;
     const Array<double> wq = values(attn.q_proj->weight), bq = values(attn.q_proj->bias), wk = values(attn.k_proj->weight),
@@ -116,7 +117,7 @@ TEST_CASE("run_with_cache keeps every hook point in forward order, in Transforme
   // The output is the model's: the fused forward's logits, to rounding.
   check_close(cache.output.logits, values(m.forward(tokens).logits), 1e-12);
   // Only the points asked for.
-  const nn::ActivationCache some = m.run_with_cache(tokens, {}, [](const std::string& n) { return n.ends_with("hook_z"); });
+  const nn::ActivationCache some = m.run_with_cache(tokens, [](const std::string& n) { return n.ends_with("hook_z"); });
   REQUIRE(some.activations.size() == 2);
   CHECK(some.activations[1].first == "blocks.1.attn.hook_z");
   CHECK_THAT(invalid_argument_message([&] { some["hook_embed"]; }),
@@ -157,8 +158,8 @@ TEST_CASE("hooks name a wrong point or a replacement of the wrong shape") {
   CHECK_THAT(invalid_argument_message([&] { m.add_hook("blocks.2.attn.hook_q", same); }),
              Contains("Transformer: no hook point 'blocks.2.attn.hook_q'; this model has hook_embed, hook_pos_embed, "
                       "blocks.0.hook_resid_pre"));
-  CHECK_THAT(invalid_argument_message([&] { m.add_hook("blocks.0.attn.hook_attn_scores", same); }),
-             Contains("no hook point 'blocks.0.attn.hook_attn_scores'"));
+  CHECK_THAT(invalid_argument_message([&] { m.add_hook("blocks.0.attn.hook_scores", same); }),
+             Contains("no hook point 'blocks.0.attn.hook_scores'"));
   CHECK_THAT(invalid_argument_message([&] {
                m.run_with_hooks(tokens, {{"blocks.0.attn.hook_pattern", [](const Tensor& v, const std::string&) {
                                             return slice(v, 3, 0, 2);
@@ -166,15 +167,30 @@ TEST_CASE("hooks name a wrong point or a replacement of the wrong shape") {
              }),
              Contains("hooks: the hook on 'blocks.0.attn.hook_pattern' returned float64 (2,2,5,2), where the point holds "
                       "float64 (2,2,5,5)"));
-  // A failed call leaves no hook behind.
-  check_close(m.forward(tokens).logits, values(m.run_with_cache(tokens).output.logits), 1e-12);
+  CHECK_THAT(invalid_argument_message([&] {
+               m.run_with_hooks(tokens, {{"hook_embed", [](const Tensor& v, const std::string&) { return v.to(DType::float32); }}});
+             }),
+             Contains("the hook on 'hook_embed' returned float32 (2,5,8), where the point holds float64 (2,5,8)"));
+  // A call that fails, in the model or in a hook, leaves the model's own hooks as they were.
+  int calls = 0;
+  m.add_hook("blocks.0.hook_resid_post", [&](const Tensor& v, const std::string&) { ++calls; return v; });
+  const nn::ForwardHook boom = [](const Tensor&, const std::string&) -> Tensor { throw std::runtime_error("boom"); };
+  CHECK_THROWS_WITH(m.run_with_hooks(tokens, {{"blocks.1.hook_resid_post", boom}}), "boom");
+  CHECK(calls == 1);
+  m.run_with_hooks(tokens, {{"blocks.0.hook_resid_post", same}});
+  CHECK(calls == 2);
+  m.forward(tokens);
+  CHECK(calls == 3);  // still installed, and only it
+  m.reset_hooks();
+  m.forward(tokens);
+  CHECK(calls == 3);
   nn::TransformerConfig pointer = hooked_config();
   pointer.readout = nn::Readout::pointer;
   pointer.n_classes = 0;
   nn::Transformer p(pointer, gen);
   CHECK(p.hook_names().back() == "blocks.1.hook_resid_post");  // no ln_final without the token readout
   // The pointer readout's logits are the hooked scores.
-  const Tensor logits = p.run_with_hooks(tokens, {{"blocks.1.attn.hook_scores", [](const Tensor& s, const std::string&) {
+  const Tensor logits = p.run_with_hooks(tokens, {{"blocks.1.attn.hook_attn_scores", [](const Tensor& s, const std::string&) {
                                                      return s * 2.0;
                                                    }}}).logits;
   check_close(logits, values(p.forward(tokens).logits) * 2.0, 1e-12);
@@ -183,7 +199,7 @@ TEST_CASE("hooks name a wrong point or a replacement of the wrong shape") {
 TEST_CASE("MultiHeadAttention's own hook points: the KV cache's keys are hooked as they arrive") {
   Generator gen(9);
   nn::MultiHeadAttention attn({.d_model = 8, .n_heads = 2, .dtype = DType::float64}, gen);
-  CHECK(attn.hooks.names() == std::vector<std::string>{"hook_q", "hook_k", "hook_v", "hook_scores", "hook_pattern", "hook_z"});
+  CHECK(attn.hooks.names() == std::vector<std::string>{"hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"});
   std::vector<Shape> keys;
   attn.hooks.add("hook_k", [&](const Tensor& k, const std::string& name) {
     CHECK(name == "hook_k");
@@ -197,4 +213,54 @@ TEST_CASE("MultiHeadAttention's own hook points: the KV cache's keys are hooked 
   CHECK(keys == std::vector<Shape>{{1, 3, 2, 4}, {1, 1, 2, 4}});
   attn.hooks.clear();
   check_close(last, values(slice(attn.forward(x, {.causal = true}).output, 1, 3, 4)), 1e-12);
+}
+
+TEST_CASE("hooks under GQA: keys and values per kv head, and a hooked run that changes nothing gives forward's output") {
+  nn::TransformerConfig c = hooked_config();
+  c.heads = 4;
+  c.kv_heads = 2;  // d_head 2; query heads 0, 1 read kv head 0, heads 2, 3 kv head 1
+  Generator gen(11);
+  nn::Transformer m(c, gen);
+  const nn::ActivationCache cache = m.run_with_cache(tokens);
+  CHECK(cache["blocks.0.attn.hook_q"].shape() == Shape{2, 5, 4, 2});
+  CHECK(cache["blocks.0.attn.hook_k"].shape() == Shape{2, 5, 2, 2});
+  CHECK(cache["blocks.0.attn.hook_v"].shape() == Shape{2, 5, 2, 2});
+  CHECK(cache["blocks.0.attn.hook_z"].shape() == Shape{2, 5, 4, 2});
+  const Array<double> x = values(cache["blocks.0.ln1.hook_normalized"]), v = values(cache["blocks.0.attn.hook_v"]),
+                      w = values(cache["blocks.0.attn.hook_pattern"]), z = values(cache["blocks.0.attn.hook_z"]);
+  const Array<double> wv = values(m.blocks[0]->attn.v_proj->weight), bv = values(m.blocks[0]->attn.v_proj->bias);
+  for (std::size_t b = 0; b < 2; ++b)
+    for (std::size_t t = 0; t < 5; ++t)
+      for (std::size_t g = 0; g < 2; ++g)
+        for (std::size_t e = 0; e < 2; ++e) {
+          double ve = bv(g * 2 + e);  // v = x W_vᵀ + b_v, kv head g
+          for (std::size_t d = 0; d < 8; ++d) ve += x(b, t, d) * wv(g * 2 + e, d);
+          CHECK(std::abs(v(b, t, g, e) - ve) < 1e-12);
+        }
+  for (std::size_t b = 0; b < 2; ++b)
+    for (std::size_t h = 0; h < 4; ++h)
+      for (std::size_t i = 0; i < 5; ++i)
+        for (std::size_t e = 0; e < 2; ++e) {
+          double ze = 0;  // head h mixes the values of kv head h / 2
+          for (std::size_t j = 0; j < 5; ++j) ze += w(b, h, i, j) * v(b, j, h / 2, e);
+          CHECK(std::abs(z(b, i, h, e) - ze) < 1e-12);
+        }
+  check_close(cache.output.logits, values(m.forward(tokens).logits), 1e-12);
+}
+
+TEST_CASE("an unbatched MultiHeadAttention input is hooked with a batch of one, and returned unbatched") {
+  Generator gen(13);
+  nn::MultiHeadAttention attn({.d_model = 8, .n_heads = 2, .dtype = DType::float64}, gen);
+  Shape seen;
+  attn.hooks.add("hook_z", [&](const Tensor& z, const std::string&) {
+    seen = z.shape();
+    return z;
+  });
+  const Tensor x = randn({4, 8}, DType::float64, gen);
+  const nn::AttentionResult r = attn.forward(x, {.causal = true}, true);
+  CHECK(seen == Shape{1, 4, 2, 4});
+  CHECK(r.output.shape() == Shape{4, 8});
+  CHECK(r.heads.shape() == Shape{2, 4, 4});
+  attn.hooks.clear();
+  check_close(r.output, values(attn.forward(x, {.causal = true}).output), 1e-12);
 }
