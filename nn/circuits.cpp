@@ -38,6 +38,17 @@ Array<double> ov_circuit(const MultiHeadAttention& attention, std::size_t h) {
   return xt::linalg::dot(f64(attention.W_v(h)), f64(attention.W_o(h)));
 }
 
+double composition_score(const MultiHeadAttention& writer, std::size_t h1, const MultiHeadAttention& reader, std::size_t h2,
+                         Composition kind) {
+  const Array<double> a = ov_circuit(writer, h1);
+  const Array<double> b = kind == Composition::v   ? ov_circuit(reader, h2)
+                          : kind == Composition::q ? qk_circuit(reader, h2)
+                                                   : Array<double>(xt::transpose(qk_circuit(reader, h2)));
+  const double norms = std::sqrt(frobenius_squared(a) * frobenius_squared(b));
+  if (norms == 0) fail("composition_score", "is undefined when a head's circuit is zero");
+  return std::sqrt(frobenius_squared(xt::linalg::dot(a, b))) / norms;
+}
+
 double symmetric_share(const Array<double>& a) {
   check_square("symmetric_share", a);
   const double total = frobenius_squared(a);

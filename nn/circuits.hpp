@@ -18,6 +18,17 @@ Array<double> qk_circuit(const MultiHeadAttention& attention, std::size_t h);
 // W_v(h) W_o(h), d_model × d_model.
 Array<double> ov_circuit(const MultiHeadAttention& attention, std::size_t h);
 
+// How much head h2 of a later layer reads what head h1 of an earlier layer writes (Elhage et al.
+// 2021, "A Mathematical Framework for Transformer Circuits"), as TransformerLens computes it:
+// ‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F), W_A = h1's OV circuit and W_B = h2's QK circuit for
+// Q-composition (h1's output in h2's queries: x W_OV A), its transpose for K-composition (in h2's
+// keys: x A (x' W_OV)ᵀ = x A W_OVᵀ x'ᵀ), or h2's OV circuit for V-composition (in its values). In
+// [0, 1]; the LayerNorms between the layers are left out. Throws std::invalid_argument when a
+// circuit is zero.
+enum class Composition { q, k, v };
+double composition_score(const MultiHeadAttention& writer, std::size_t h1, const MultiHeadAttention& reader, std::size_t h2,
+                         Composition kind);
+
 // The symmetric-energy share σ = ‖(A+Aᵀ)/2‖²_F / ‖A‖²_F of a square matrix: 1 when A is
 // symmetric (tied, symmetric or identity projections), 0 when it is antisymmetric, and about
 // 0.5 + 1/(2n) for a random n × n product of untied Gaussian projections.

@@ -175,3 +175,32 @@ TEST_CASE("softmax-invariant score asymmetry: 0 for symmetric scores and ranking
   CHECK_THAT(invalid_argument_message([&] { softmax_invariant_asymmetry(cycle, all5); }),
              Contains("softmax_invariant_asymmetry: mask of shape (5,5) for scores of shape (3,3)"));
 }
+
+TEST_CASE("composition scores of hand-built heads: Q, K and V") {
+  // Writer: W_v = [[1, 0], [0, 0]], W_o = I, so its OV circuit is diag(1, 0): it writes x's first
+  // coordinate. Reader: W_q = I, W_k = [[0, 0], [1, 0]] (k_proj.weight is W_kᵀ), so its QK circuit
+  // A = W_q W_kᵀ = [[0, 1], [0, 0]]: queries read the first coordinate, keys the second; and its OV
+  // circuit is I.
+  const auto options = head_options(2, 1, 2);
+  MultiHeadAttention writer(options), reader(options);
+  const auto set = [](Tensor& w, Array<double> value) { w.copy_(Tensor(std::move(value))); };
+  set(writer.v_proj->weight, {{1, 0}, {0, 0}});
+  set(writer.out_proj->weight, {{1, 0}, {0, 1}});
+  set(reader.q_proj->weight, {{1, 0}, {0, 1}});
+  set(reader.k_proj->weight, {{0, 1}, {0, 0}});
+  set(reader.v_proj->weight, {{1, 0}, {0, 1}});
+  set(reader.out_proj->weight, {{1, 0}, {0, 1}});
+  // Q: ‖diag(1,0) A‖ = ‖[[0, 1], [0, 0]]‖ = 1, over ‖diag(1,0)‖ ‖A‖ = 1: the writer's coordinate is
+  // the one queries read. K: diag(1,0) Aᵀ = 0: keys read the second coordinate, which it does not
+  // write. V: ‖diag(1,0) I‖ / (1 · √2).
+  CHECK(composition_score(writer, 0, reader, 0, Composition::q) == Approx(1.0).epsilon(1e-15));
+  CHECK(composition_score(writer, 0, reader, 0, Composition::k) == 0.0);
+  CHECK(composition_score(writer, 0, reader, 0, Composition::v) == Approx(1 / std::sqrt(2.0)).epsilon(1e-15));
+  // Writing the second coordinate instead swaps Q and K.
+  set(writer.v_proj->weight, {{0, 0}, {0, 1}});
+  CHECK(composition_score(writer, 0, reader, 0, Composition::q) == 0.0);
+  CHECK(composition_score(writer, 0, reader, 0, Composition::k) == Approx(1.0).epsilon(1e-15));
+  set(writer.v_proj->weight, {{0, 0}, {0, 0}});
+  CHECK_THAT(invalid_argument_message([&] { composition_score(writer, 0, reader, 0, Composition::v); }),
+             Contains("composition_score: is undefined when a head's circuit is zero"));
+}
