@@ -45,7 +45,6 @@ E parse_enum(const detail::FieldReader& r, const char* key, const E (&values)[N]
   return *from_name(values, r.choice(key, names_of(values)));
 }
 
-
 }  // namespace
 
 ConfigError::ConfigError(std::string field_, const std::string& message)
@@ -156,12 +155,18 @@ TransformerConfig detail::read_transformer_config(const nlohmann::json& j, const
 
 namespace {
 
+// A block's points before its attention's (hook_resid_pre, ln1.hook_normalized); the rest come after.
+constexpr std::size_t block_points_before_attention = 2;
+
 std::vector<std::string> block_hook_names(bool mlp) {
   std::vector<std::string> names = {"hook_resid_pre", "ln1.hook_normalized", "hook_attn_out"};
   if (mlp) names.insert(names.end(), {"hook_resid_mid", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out"});
   names.push_back("hook_resid_post");
   return names;
 }
+
+// The model's points before its blocks' (hook_embed, hook_pos_embed); the rest come after.
+constexpr std::size_t model_points_before_blocks = 2;
 
 std::vector<std::string> model_hook_names(Readout readout) {
   std::vector<std::string> names = {"hook_embed", "hook_pos_embed"};
@@ -275,14 +280,16 @@ std::vector<HookPoints*> Transformer::hook_points() {
 
 std::vector<std::string> Transformer::hook_names() const {
   const std::vector<std::string> own = hooks_.names();
-  std::vector<std::string> names(own.begin(), own.begin() + 2);  // hook_embed, hook_pos_embed
+  const auto model_split = own.begin() + model_points_before_blocks;
+  std::vector<std::string> names(own.begin(), model_split);
   for (const auto& b : blocks) {
     const std::vector<std::string> block = b->hooks.names(), attn = b->attn.hooks.names();
-    names.insert(names.end(), block.begin(), block.begin() + 2);  // hook_resid_pre, ln1.hook_normalized
+    const auto block_split = block.begin() + block_points_before_attention;
+    names.insert(names.end(), block.begin(), block_split);
     names.insert(names.end(), attn.begin(), attn.end());
-    names.insert(names.end(), block.begin() + 2, block.end());
+    names.insert(names.end(), block_split, block.end());
   }
-  names.insert(names.end(), own.begin() + 2, own.end());  // ln_final.hook_normalized
+  names.insert(names.end(), model_split, own.end());
   return names;
 }
 

@@ -58,15 +58,8 @@ std::string mean_sd(const std::vector<double>& v, const char* format) {
   return s.n == 1 ? mean : mean + " ± " + fmt::format(fmt::runtime(format), s.sd);
 }
 
-std::vector<double> column(const RunGroup& g, const char* key) {
-  std::vector<double> v;
-  for (const auto* r : g.runs)
-    if (r->contains(key) && !r->at(key).is_null()) v.push_back(r->at(key).get<double>());
-  return v;
-}
-
 // `key` at `step` of each run's curve.
-std::vector<double> curve_column(const RunGroup& g, std::size_t step, const char* key) {
+std::vector<double> curve_values(const RunGroup& g, std::size_t step, const char* key) {
   std::vector<double> v;
   for (const auto* r : g.runs)
     for (const Json& point : r->value("curve", Json::array()))
@@ -104,16 +97,16 @@ std::string experiment_table(const std::string& name, const Json& runs) {
     std::vector<std::string> cells;
     for (const auto& [key, value] : g.labels.items())
       cells.push_back(value.is_string() ? value.get<std::string>() : value.dump());
-    if (short_budget) cells.push_back(mean_sd(curve_column(g, report_step, "accuracy"), "{:.3f}"));
-    cells.push_back(mean_sd(column(g, "accuracy"), "{:.3f}"));
-    const std::vector<double> reached = column(g, "steps_to_target");
+    if (short_budget) cells.push_back(mean_sd(curve_values(g, report_step, "accuracy"), "{:.3f}"));
+    cells.push_back(mean_sd(run_values(g, "accuracy"), "{:.3f}"));
+    const std::vector<double> reached = run_values(g, "steps_to_target");
     cells.push_back(reached.empty() ? fmt::format("not reached (0/{})", g.runs.size())
                                     : fmt::format("{} ({}/{})", mean_sd(reached, "{:.0f}"), reached.size(), g.runs.size()));
-    cells.push_back(mean_sd(column(g, "sigma_init"), "{:.3f}"));
-    cells.push_back(mean_sd(column(g, "sigma"), "{:.3f}"));
-    cells.push_back(mean_sd(column(g, "score_asymmetry_init"), "{:.3f}"));
-    cells.push_back(mean_sd(column(g, "score_asymmetry"), "{:.3f}"));
-    for (const Column& x : extras) cells.push_back(mean_sd(column(g, x.key.c_str()), x.format.c_str()));
+    cells.push_back(mean_sd(run_values(g, "sigma_init"), "{:.3f}"));
+    cells.push_back(mean_sd(run_values(g, "sigma"), "{:.3f}"));
+    cells.push_back(mean_sd(run_values(g, "score_asymmetry_init"), "{:.3f}"));
+    cells.push_back(mean_sd(run_values(g, "score_asymmetry"), "{:.3f}"));
+    for (const Column& x : extras) cells.push_back(mean_sd(run_values(g, x.key.c_str()), x.format.c_str()));
     out += "| " + fmt::format("{}", fmt::join(cells, " | ")) + " |\n";
   }
   return out;
@@ -243,10 +236,14 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   const std::size_t steps = configs.empty() ? 0 : configs[0].options.steps;  // every run's (experiment_run)
   const Json file = {{"experiment", e.name}, {"quick", e.quick}, {"seed_start", e.seed_start}, {"seeds", seeds},
                      {"steps", steps}, {"curve_steps", curve_steps(steps)}, {"runs", result.runs}};
-  nn::write_atomically(out + "/results.json", file.dump(1) + "\n");
-  nn::write_atomically(out + "/" + e.name + ".svg", result.chart);
-  for (const auto& [key, chart] : result.curves) nn::write_atomically(fmt::format("{}/{}-{}.svg", out, e.name, key), chart);
-  nn::write_atomically(out + "/table.md", result.table);
+  const auto write = [&](const std::string& path, const std::string& text) {
+    nn::write_atomically(path, text);
+    result.files.push_back(path);
+  };
+  write(out + "/results.json", file.dump(1) + "\n");
+  write(out + "/table.md", result.table);
+  write(out + "/" + e.name + ".svg", result.chart);
+  for (const auto& [key, chart] : result.curves) write(fmt::format("{}/{}-{}.svg", out, e.name, key), chart);
   return result;
 }
 

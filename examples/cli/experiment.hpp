@@ -39,6 +39,7 @@ struct ExperimentResult {
   // SVGs of the curves along training, by what they draw ("accuracy", "score_asymmetry").
   std::vector<std::pair<std::string, std::string>> curves;
   std::vector<std::string> warnings;  // broken bounds (a bug): also at the end of the table
+  std::vector<std::string> files;     // what it wrote, beside the runs' folders
 };
 
 // One configuration of an experiment: the labels that name it in the table, and how to train it.

@@ -23,6 +23,13 @@ std::vector<RunGroup> group_runs(const Json& runs) {
   return groups;
 }
 
+std::vector<double> run_values(const RunGroup& g, const char* key) {
+  std::vector<double> v;
+  for (const auto* r : g.runs)
+    if (r->contains(key) && !r->at(key).is_null()) v.push_back(r->at(key).get<double>());
+  return v;
+}
+
 std::string label_text(const Json& labels) {
   std::string out;
   for (const auto& [key, value] : labels.items())
@@ -52,12 +59,6 @@ std::string svg_open(double width, double height) {
       width, height);
 }
 
-std::vector<double> final_accuracies(const RunGroup& g) {
-  std::vector<double> v;
-  for (const Json* r : g.runs) v.push_back(r->at("accuracy").get<double>());
-  return v;
-}
-
 // Ten colours that stay apart for the common kinds of colour blindness (Tableau 10).
 constexpr const char* palette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
                                    "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
@@ -82,7 +83,7 @@ std::string accuracy_chart(const std::string& name, const Json& runs) {
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const RunGroup& g = groups[i];
     const double y = top + row * double(i);
-    const std::vector<double> accuracies = final_accuracies(g);
+    const std::vector<double> accuracies = run_values(g, "accuracy");
     const Stats a = stats(accuracies);
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", label_w - 6, y + row * 0.65,
                      escape_xml(label_text(g.labels)));

@@ -14,6 +14,8 @@ struct RunGroup {
   std::vector<const nlohmann::ordered_json*> runs;
 };
 std::vector<RunGroup> group_runs(const nlohmann::ordered_json& runs);
+// The value of `key` in each run of the group that has one (not null).
+std::vector<double> run_values(const RunGroup& group, const char* key);
 
 // "brackets / causal / tied": the labels' values.
 std::string label_text(const nlohmann::ordered_json& labels);

@@ -7,6 +7,7 @@
 #include <ostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <xtensor/xview.hpp>
 
@@ -100,19 +101,18 @@ const char* const matrix_names[] = {"W_q", "W_k", "W_v", "W_o"};
 std::string head_name(const HeadInspection& h) { return fmt::format("layer {} head {}", h.layer, h.head); }
 
 // "causal", "bidirectional", or per layer "causal, bidirectional".
-std::string masks_text(const nn::TransformerConfig& c) {
-  if (c.causal_layers.empty()) return c.causal ? "causal" : "bidirectional";
-  std::string text;
-  for (std::size_t l = 0; l < c.layers; ++l)
-    text += std::string(text.empty() ? "" : ", ") + (nn::layer_is_causal(c, l) ? "causal" : "bidirectional");
-  return text;
-}
-
 // Each layer's mask: true for causal.
 std::vector<bool> layer_masks(const nn::TransformerConfig& c) {
   std::vector<bool> masks;
   for (std::size_t l = 0; l < c.layers; ++l) masks.push_back(nn::layer_is_causal(c, l));
   return masks;
+}
+
+std::string masks_text(const nn::TransformerConfig& c) {
+  if (c.causal_layers.empty()) return c.causal ? "causal" : "bidirectional";
+  std::vector<std::string> names;
+  for (bool causal : layer_masks(c)) names.push_back(causal ? "causal" : "bidirectional");
+  return fmt::format("{}", fmt::join(names, ", "));
 }
 
 // The four pictures of a head, as the HTML page and the SVG files show them.

@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "examples/cli/experiment.hpp"
@@ -167,10 +168,7 @@ int run_inspect(const InspectArgs& a) {
 int run_experiment_command(ExperimentOptions e) {
   const ExperimentResult r = run_experiment(e, std::cerr, ::isatty(2));
   fmt::print("{}", r.table);
-  const std::string out = e.out.empty() ? "runs/experiment-" + e.name : e.out;
-  std::string charts = fmt::format("{}/{}.svg", out, e.name);
-  for (const auto& [key, chart] : r.curves) charts += fmt::format(", {}/{}-{}.svg", out, e.name, key);
-  fmt::print(stderr, "qkv experiment: wrote {0}/results.json, {0}/table.md, {1}\n", out, charts);
+  fmt::print(stderr, "qkv experiment: wrote {}\n", fmt::join(r.files, ", "));
   return 0;
 }
 

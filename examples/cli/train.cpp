@@ -254,8 +254,8 @@ void truncate_metrics(const std::string& path, std::size_t step) {
 }
 
 MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens, bool mask_padding) {
-  const auto pad = task.info().pad;
   if (!mask_padding) return MaskArray();
+  const auto pad = task.info().pad;
   bool bidirectional = false;
   for (std::size_t l = 0; l < model.blocks.size(); ++l) bidirectional = bidirectional || !model.causal(l);
   if (!pad || !bidirectional) return MaskArray();

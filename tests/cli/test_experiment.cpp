@@ -91,6 +91,8 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
   CHECK(std::filesystem::exists(e.out + "/causal-accuracy.svg"));
   CHECK(std::filesystem::exists(e.out + "/causal-score_asymmetry.svg"));
   REQUIRE(a.curves.size() == 2);
+  CHECK(a.files == std::vector<std::string>{e.out + "/results.json", e.out + "/table.md", e.out + "/causal.svg",
+                                            e.out + "/causal-accuracy.svg", e.out + "/causal-score_asymmetry.svg"});
   CHECK(a.curves[0].first == "accuracy");
   std::ifstream in(e.out + "/results.json");
   const nlohmann::json file = nlohmann::json::parse(in);
