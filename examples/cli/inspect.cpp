@@ -139,6 +139,40 @@ std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, cons
   };
 }
 
+std::string short_name(std::size_t layer, std::size_t head) { return fmt::format("L{}H{}", layer, head); }
+
+// The composition table's rows, "L0H1 → L1H0", each kind's score, and the largest score's
+// kind and row; a line on what the scores mean.
+struct CompositionRow {
+  std::string from, to;
+  double scores[3];
+};
+constexpr const char* composition_kinds[] = {"Q", "K", "V"};
+
+std::vector<CompositionRow> composition_rows(const Inspection& in) {
+  std::vector<CompositionRow> rows;
+  for (const HeadComposition& x : in.composition)
+    rows.push_back({short_name(x.from_layer, x.from_head), short_name(x.to_layer, x.to_head), {x.q, x.k, x.v}});
+  return rows;
+}
+
+// The (row, kind) of the largest score.
+std::pair<std::size_t, std::size_t> largest_composition(const std::vector<CompositionRow>& rows) {
+  std::pair<std::size_t, std::size_t> best{0, 0};
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    for (std::size_t k = 0; k < 3; ++k)
+      if (rows[r].scores[k] > rows[best.first].scores[best.second]) best = {r, k};
+  return best;
+}
+
+std::string composition_legend(const nn::TransformerConfig& c) {
+  return fmt::format(
+      "Composition (Elhage et al. 2021): how much an earlier head's output, its OV circuit, feeds a later head's "
+      "queries (Q), keys (K) or values (V): ‖W_OV W_B‖ / (‖W_OV‖ ‖W_B‖), with W_B the later head's QK circuit, its "
+      "transpose or its OV circuit (LayerNorms left out). Heads in unrelated directions give about 1/√d_model = {:.3f}.",
+      1 / std::sqrt(double(c.d_model)));
+}
+
 std::string number_text(const std::optional<double>& v) { return v ? fmt::format("{:.3f}", *v) : "-"; }
 
 }  // namespace
@@ -258,6 +292,16 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
     }
     r.layers.push_back(std::move(heads));
   }
+  for (std::size_t l1 = 0; l1 < model.blocks.size(); ++l1)
+    for (std::size_t h1 = 0; h1 < c.heads; ++h1)
+      for (std::size_t l2 = l1 + 1; l2 < model.blocks.size(); ++l2)
+        for (std::size_t h2 = 0; h2 < c.heads; ++h2) {
+          const auto score = [&](nn::Composition kind) {
+            return nn::composition_score(model.blocks[l1]->attn, h1, model.blocks[l2]->attn, h2, kind);
+          };
+          r.composition.push_back({l1, h1, l2, h2, score(nn::Composition::q), score(nn::Composition::k),
+                                   score(nn::Composition::v)});
+        }
   return r;
 }
 
@@ -305,6 +349,11 @@ nlohmann::json to_json(const Inspection& in) {
                           {"scores", scores},
                           {"score_asymmetry", asymmetry}};
   if (!in.target_name.empty()) input[in.target_name + "_attention"] = target_weights;
+  nlohmann::json composition = nlohmann::json::array();
+  for (const HeadComposition& x : in.composition)
+    composition.push_back({{"from", short_name(x.from_layer, x.from_head)}, {"to", short_name(x.to_layer, x.to_head)},
+                           {"from_layer", x.from_layer}, {"from_head", x.from_head}, {"to_layer", x.to_layer},
+                           {"to_head", x.to_head}, {"q", x.q}, {"k", x.k}, {"v", x.v}});
   return {{"task", in.task},
           {"dir", in.dir},
           {"config", {{"layers", c.layers}, {"heads", in.layers.empty() ? 0 : in.layers[0].size()},
@@ -313,7 +362,8 @@ nlohmann::json to_json(const Inspection& in) {
                       {"proj", c.proj == nn::Projection::learned ? "learned"
                                : c.proj == nn::Projection::frozen ? "frozen" : "identity"}}},
           {"layers", layers},
-          {"input", input}};
+          {"input", input},
+          {"composition", composition}};
 }
 
 void print_report(std::ostream& out, const Inspection& in, bool color) {
@@ -342,6 +392,16 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
       << " for a random untied one.\nScore asymmetry: the part of S−Sᵀ, on the input's pre-softmax scores S, that "
          "no per-query constant (which softmax ignores) cancels, relative to ‖S‖, over the pairs that see each other "
          "both ways; '-' under a causal mask, where none do.\n";
+
+  const std::vector<CompositionRow> rows = composition_rows(in);
+  if (!rows.empty()) {
+    const auto [best_row, best_kind] = largest_composition(rows);
+    out << "\n" << composition_legend(c) << "\nfrom  to        Q      K      V\n";
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      out << fmt::format("{:<5} {:<5}  {:.3f}  {:.3f}  {:.3f}{}\n", rows[r].from, rows[r].to, rows[r].scores[0],
+                         rows[r].scores[1], rows[r].scores[2],
+                         r == best_row ? fmt::format("  ← the largest: {}", composition_kinds[best_kind]) : "");
+  }
 
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
@@ -417,6 +477,21 @@ which the mask hides.</p></div>
       s += "</tr>\n";
     }
   s += "</table>\n";
+  const std::vector<CompositionRow> rows = composition_rows(in);
+  if (!rows.empty()) {
+    const auto [best_row, best_kind] = largest_composition(rows);
+    s += fmt::format("<h2>Composition</h2>\n<p class=\"legend\">{} The largest is in bold.</p>\n",
+                     escape_xml(composition_legend(c)));
+    s += "<table><tr><th>from</th><th>to</th><th>Q</th><th>K</th><th>V</th></tr>\n";
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      s += fmt::format("<tr><td>{}</td><td>{}</td>", rows[r].from, rows[r].to);
+      for (std::size_t k = 0; k < 3; ++k)
+        s += r == best_row && k == best_kind ? fmt::format("<td><b>{:.3f}</b></td>", rows[r].scores[k])
+                                             : fmt::format("<td>{:.3f}</td>", rows[r].scores[k]);
+      s += "</tr>\n";
+    }
+    s += "</table>\n";
+  }
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
       s += fmt::format("<h2>{}</h2>\n<p>", head_name(h));

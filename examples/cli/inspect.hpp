@@ -42,6 +42,13 @@ struct HeadInspection {
   std::optional<double> target_attention;
 };
 
+// How much an earlier head's output (its OV circuit) feeds a later head's queries, keys or values:
+// nn::composition_score's Q-, K- and V-composition (Elhage et al. 2021).
+struct HeadComposition {
+  std::size_t from_layer = 0, from_head = 0, to_layer = 0, to_head = 0;
+  double q = 0, k = 0, v = 0;
+};
+
 struct Inspection {
   std::string task, dir;
   nn::TransformerConfig config;
@@ -50,6 +57,8 @@ struct Inspection {
   std::vector<std::string> input_names;
   std::string target_name;  // pointer tasks: what a target is called ("opener"); "" otherwise
   std::vector<std::vector<HeadInspection>> layers;
+  // Every head of each layer into every head of each later layer, writer by writer.
+  std::vector<HeadComposition> composition;
 };
 
 // A typical sequence of the task: the first of a fixed stream at least 3/4 of the longest length.
@@ -71,7 +80,8 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
 
 // The numbers as JSON: {task, config, layers: [{heads: [{sigma, antisymmetry, singular_values,
 // stable_rank, rank, eigenvalues ([re, im] pairs), token_qk: {tokens, scores}, ...}]}],
-// input: {tokens, attention, scores, score_asymmetry, TARGET_attention (pointer tasks: opener_attention)}}.
+// input: {tokens, attention, scores, score_asymmetry, TARGET_attention (pointer tasks: opener_attention)},
+// composition: [{from: "L0H1", to: "L1H0", from_layer, from_head, to_layer, to_head, q, k, v}]}.
 nlohmann::json to_json(const Inspection& inspection);
 
 // Tables and heatmaps of shaded blocks, in colour when `color`.

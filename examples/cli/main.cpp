@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "examples/cli/ablate.hpp"
 #include "examples/cli/experiment.hpp"
 #include "examples/cli/gradcheck_cases.hpp"
 #include "examples/cli/inspect.hpp"
@@ -121,6 +122,18 @@ int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
     }
   }
   fmt::print("{}\n", out.dump());
+  return 0;
+}
+
+// Each head ablated in turn on fresh sequences: a table, or --json.
+int run_ablate(const std::string& dir, std::size_t n, std::uint64_t seed, bool json) {
+  const TrainOptions o = read_config(dir);
+  const auto model = load_model(dir);
+  const auto task = make_task(o.task, o.n);
+  Ablation a = ablate(*model, *task, task_spec(o.task).corruption, (n + o.batch - 1) / o.batch, o.batch, seed, o.mask_padding);
+  a.dir = dir;
+  if (json) fmt::print("{}\n", to_json(a).dump());
+  else print_ablation(std::cout, a);
   return 0;
 }
 
@@ -269,6 +282,16 @@ int main(int argc, char** argv) {
   eval->add_option("--n", eval_n, "Sequences (rounded up to whole batches)")->check(whole(1, 10'000'000));
   eval->add_option("--seed", eval_seed, "Seed of the fresh sequences")->check(whole(0, UINT64_MAX));
 
+  std::string ablate_dir;
+  std::uint64_t ablate_n = 1024, ablate_seed = 1;
+  bool ablate_json = false;
+  auto* ablate_cmd = app.add_subcommand(
+      "ablate", "Accuracy and loss with each head zero- or mean-ablated, and patched from a corrupted input");
+  ablate_cmd->add_option("DIR", ablate_dir, "Run folder (as qkv train --out)")->required();
+  ablate_cmd->add_option("--n", ablate_n, "Sequences (rounded up to whole batches)")->check(whole(1, 10'000'000));
+  ablate_cmd->add_option("--seed", ablate_seed, "Seed of the fresh sequences (as qkv eval's)")->check(whole(0, UINT64_MAX));
+  ablate_cmd->add_flag("--json", ablate_json, "Print the numbers as one JSON object");
+
   InspectArgs inspect_args;
   auto* inspect_cmd = app.add_subcommand("inspect", "Show what W_q, W_k and W_v of a trained run learned");
   inspect_cmd->add_option("DIR", inspect_args.dir, "Run folder (as qkv train --out)")->required();
@@ -312,6 +335,7 @@ int main(int argc, char** argv) {
       return run_experiment_command(experiment);
     }
     if (*eval) return run_eval(eval_dir, std::size_t(eval_n), eval_seed);
+    if (*ablate_cmd) return run_ablate(ablate_dir, std::size_t(ablate_n), ablate_seed, ablate_json);
     if (*train_cmd) {
       qkv::set_num_threads(threads.value_or(1));
       if (resume) {

@@ -253,6 +253,8 @@ void truncate_metrics(const std::string& path, std::size_t step) {
   if (kept != text) nn::write_atomically(path, kept);  // what is left after the last '\n' was cut short
 }
 
+Generator held_out_generator(std::uint64_t seed) { return Generator(seed ^ held_out_stream); }
+
 MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens, bool mask_padding) {
   if (!mask_padding) return MaskArray();
   const auto pad = task.info().pad;
@@ -265,20 +267,13 @@ MaskArray key_padding(const nn::Transformer& model, const Task& task, const Inde
 Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
                  bool mask_padding) {
   NoGradGuard no_grad;
-  Generator gen(seed ^ held_out_stream);
+  Generator gen = held_out_generator(seed);
   Metrics total;
-  double correct = 0, exact = 0;
   for (std::size_t i = 0; i < batches; ++i) {
     const Batch b = task.sample(batch_size, gen);
     const MaskArray padding = key_padding(model, task, b.tokens, mask_padding);
-    const Metrics m = score(nn::Transformer::predictions(model.forward(b.tokens, false, padding).logits), b);
-    correct += m.accuracy * double(m.scored);
-    exact += m.exact_match * double(m.sequences);
-    total.scored += m.scored;
-    total.sequences += m.sequences;
+    total += score(nn::Transformer::predictions(model.forward(b.tokens, false, padding).logits), b);
   }
-  total.accuracy = total.scored ? correct / double(total.scored) : 0;
-  total.exact_match = total.sequences ? exact / double(total.sequences) : 0;
   return total;
 }
 

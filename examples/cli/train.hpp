@@ -135,7 +135,10 @@ void truncate_metrics(const std::string& path, std::size_t step);
 // never sees the padding after it).
 MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens, bool mask_padding = true);
 
-// Accuracy of `model` on `batches` fresh batches drawn from `seed`.
+// The generator of the held-out sequences of `seed`: a stream no training batch draws from.
+Generator held_out_generator(std::uint64_t seed);
+
+// Accuracy of `model` on `batches` fresh batches drawn from held_out_generator(seed).
 Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
                  bool mask_padding = true);
 

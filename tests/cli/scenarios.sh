@@ -93,7 +93,7 @@ case "$scenario" in
     small_run
     perl -e '$h = q({"w":{"dtype":"F32","shape":) . ("[" x 100000) . ("]" x 100000) . q(,"data_offsets":[0,0]}});
              print pack("Q<", length($h)), $h' >run/checkpoint-00000040/model.safetensors
-    for command in "eval run" "inspect run" "train brackets --out run --resume"; do
+    for command in "eval run" "inspect run" "ablate run" "train brackets --out run --resume"; do
       run $qkv $command
       # A resume falls back to the checkpoint before, and says why.
       if [ "$command" = "train brackets --out run --resume" ]; then

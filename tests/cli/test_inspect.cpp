@@ -148,6 +148,7 @@ TEST_CASE("inspect --json parses and has the keys of the issue") {
   Generator gen(4);
   const InductionTask task;
   TrainOptions o = default_options("induction");
+  o.model.heads = 2;
   const nn::Transformer model(o.model, gen);
   const auto input = task.encode("3 1 4 1");
   const Inspection in = inspect(model, task, input, "runs/x");
@@ -173,6 +174,18 @@ TEST_CASE("inspect --json parses and has the keys of the issue") {
   CHECK(input_json.at("score_asymmetry")[1].size() == 2);
   CHECK_FALSE(input_json.contains("opener_attention"));
   CHECK(head.at("sigma").get<double>() == Approx(in.layers[1][0].sigma));
+  // Every head of layer 0 into every head of layer 1, writer by writer.
+  REQUIRE(j.at("composition").size() == 4);
+  const auto& c = j.at("composition")[2];
+  CHECK(c.at("from") == "L0H1");
+  CHECK(c.at("to") == "L1H0");
+  for (const auto& [key, kind] : {std::pair{"q", nn::Composition::q}, {"k", nn::Composition::k}, {"v", nn::Composition::v}})
+    CHECK(c.at(key).get<double>() == nn::composition_score(model.blocks[0]->attn, 1, model.blocks[1]->attn, 0, kind));
+  std::ostringstream report;
+  print_report(report, in, false);
+  CHECK_THAT(report.str(), Contains("L0H1  L1H0"));
+  CHECK_THAT(report.str(), Contains("← the largest"));
+  CHECK_THAT(to_html(in), Contains("<h2>Composition</h2>"));
 }
 
 TEST_CASE("inspect: the report, the page and the SVG files") {

@@ -62,6 +62,15 @@ Metrics score(const IndexArray& predictions, const Batch& batch) {
   return m;
 }
 
+Metrics& operator+=(Metrics& total, const Metrics& more) {
+  const auto mix = [](double a, std::size_t n, double b, std::size_t m) { return n + m ? (a * double(n) + b * double(m)) / double(n + m) : 0; };
+  total.accuracy = mix(total.accuracy, total.scored, more.accuracy, more.scored);
+  total.exact_match = mix(total.exact_match, total.sequences, more.exact_match, more.sequences);
+  total.scored += more.scored;
+  total.sequences += more.sequences;
+  return total;
+}
+
 std::vector<std::string> task_names() { return names_of(task_registry()); }
 
 const TaskSpec& task_spec(const std::string& name) { return find_spec(task_registry(), name, "task"); }

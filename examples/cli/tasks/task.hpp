@@ -55,6 +55,8 @@ std::vector<std::int64_t> parse_numbers(const std::string& text, std::size_t n, 
 
 // Predictions (B, T) against a batch's targets.
 Metrics score(const IndexArray& predictions, const Batch& batch);
+// The metrics of both sets of sequences together: `total` becomes them.
+Metrics& operator+=(Metrics& total, const Metrics& more);
 
 class Task {
  public:
@@ -95,6 +97,14 @@ struct LongerLengths {
   std::function<std::unique_ptr<Task>()> make;
 };
 
+// A change of the input that changes the answer, for activation patching (`qkv ablate`): tokens
+// of the clean batch's shape (induction: the first copy drawn afresh, so that the second copy's
+// answers are not in it). The clean batch's targets stay the ones scored.
+struct Corruption {
+  std::string description;  // "the first copy drawn afresh"
+  std::function<IndexArray(const Task& task, const Batch& clean, Generator& gen)> make;
+};
+
 // Everything the program knows about a task. One per task, in its own file, listed once in
 // tasks/registry.cpp; nothing else names a task.
 struct TaskSpec {
@@ -115,6 +125,8 @@ struct TaskSpec {
   // Extra measurements for `qkv experiment`, and the columns of them its tables show.
   std::function<Probe(const nn::Transformer& model, std::uint64_t seed)> probe{};
   std::vector<Column> probe_columns{};
+  // For `qkv ablate`'s activation patching; none: the task has no corrupted input.
+  std::optional<Corruption> corruption{};
 };
 
 // Every registered task, in the order `qkv tasks` lists them.
