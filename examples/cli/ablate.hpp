@@ -2,8 +2,9 @@
 // `qkv ablate DIR`: what each attention head does for the task, measured by taking it away. On
 // held-out sequences: the accuracy and loss with one head's output (its hook_z) zeroed, or
 // replaced by its mean over the sequences at each position; and, for a task with a corrupted
-// input (TaskSpec::corruption), with the head's output taken from the corrupted input while the
-// rest of the model runs on the clean one (activation patching).
+// input (TaskSpec::corruption), activation patching both ways: the head's output from the
+// corrupted input in the clean run (noising), and from the clean input in the corrupted run
+// (denoising).
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
@@ -24,13 +25,20 @@ struct AblationScore {
 
 struct HeadAblation {
   std::size_t layer = 0, head = 0;
+  // Whether the model reads the head's output: not for the last layer of a pointer model, whose
+  // readout is that layer's head-0 scores (made before any head's output). Such a head has no
+  // numbers below.
+  bool read = true;
   AblationScore zero, mean;
-  // With the head's output from the corrupted input; none without a corruption.
-  std::optional<AblationScore> patched;
-  // The share of the loss the corrupted input adds that this head alone carries into the clean
-  // run: (patched − clean) / (corrupted − clean); none without a corruption, or when the
+  // Activation patching (none without a corruption). Noising: the clean run with this head's
+  // output from the corrupted input; its share is the part of the corrupted input's extra loss it
+  // brings, (noised − clean) / (corrupted − clean): how much the task needs what this head reads.
+  // Denoising: the corrupted run with this head's output from the clean input; its share is the
+  // part of that extra loss it takes back, (corrupted − denoised) / (corrupted − clean): how much
+  // this head alone restores (TransformerLens's default direction). Shares are none when the
   // corrupted input does not raise the loss.
-  std::optional<double> patch_share;
+  std::optional<AblationScore> noised, denoised;
+  std::optional<double> noising_share, denoising_share;
   // Whether the task needs the head: zero- and mean-ablated, its accuracy falls below half the
   // clean accuracy.
   bool needed = false;
@@ -60,7 +68,8 @@ Ablation ablate(nn::Transformer& model, const Task& task, const std::optional<Co
                 std::size_t batch_size, std::uint64_t seed, bool mask_padding = true);
 
 // {task, dir, sequences, seed, clean: {accuracy, loss}, corruption, corrupted, heads: [{layer,
-// head, name, zero, mean, patched, patch_share, needed}], needed: ["L0H1", …]}.
+// head, name, read, zero, mean, noised, denoised, noising_share, denoising_share, needed}],
+// needed: ["L0H1", …]}.
 nlohmann::json to_json(const Ablation& ablation);
 
 // A table, a head a row, and the heads the task needs.

@@ -9,7 +9,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
-#include "examples/cli/experiment_charts.hpp"
+#include "examples/cli/charts.hpp"
 #include "examples/cli/registry.hpp"
 #include "examples/cli/inspect.hpp"
 #include "examples/cli/train.hpp"

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -117,44 +119,123 @@ std::string heatmap_text(const Heatmap& map, bool color) {
   return out;
 }
 
+namespace {
+
+// At most `most` of 0 … n − 1, evenly spaced, the first and the last among them.
+std::vector<std::size_t> sample(std::size_t n, std::size_t most) {
+  std::vector<std::size_t> out;
+  if (n <= most) {
+    for (std::size_t i = 0; i < n; ++i) out.push_back(i);
+    return out;
+  }
+  for (std::size_t k = 0; k < most; ++k) out.push_back((k * (n - 1) + (most - 1) / 2) / (most - 1));
+  return out;
+}
+
+// The width of `text` in a font of `size` px: DejaVu Sans Mono's advance is 0.6 em (a little more for safety).
+double text_width(const std::string& text, double size) {
+  std::size_t glyphs = 0;
+  for (unsigned char c : text) glyphs += (c & 0xC0) != 0x80;  // UTF-8: count the first byte of each character
+  return 0.62 * size * double(glyphs);
+}
+
+std::size_t widest(const std::vector<std::string>& labels) {
+  std::size_t n = 1;
+  for (const auto& l : labels) n = std::max(n, l.size());
+  return n;
+}
+
+}  // namespace
+
 std::string heatmap_svg(const Heatmap& map) {
   const std::size_t R = map.values.shape()[0], C = map.values.shape()[1];
+  const std::vector<std::size_t> rows = sample(R, heatmap_max_cells), cols = sample(C, heatmap_max_cells);
   const double scale = scale_of(map);
-  const double cell = std::clamp(360.0 / double(std::max(R, C)), 7.0, 22.0);
-  std::size_t longest = 1;
-  for (const auto& r : map.rows) longest = std::max(longest, r.size());
-  for (const auto& c : map.cols) longest = std::max(longest, c.size());
-  const double font = std::min(11.0, cell * 0.8);
-  const double left = 8 + font * 0.62 * double(longest), top = 26 + font * 0.62 * double(longest);
-  const double title_width = 8 + 7.3 * double(map.title.size());  // bold 12px monospace
-  const double width = std::max(left + cell * double(C) + 80, title_width), height = std::max(top + cell * double(R) + 12, top + 150);
+  const double cell = std::clamp(std::floor(360.0 / double(std::max(rows.size(), cols.size()))), 8.0, 22.0);
+  const double font = std::min(11.0, std::floor(cell * 0.8));
+  // Column labels upright, in a smaller font if they need it; written downwards only when even
+  // 6 px would not fit them in a cell.
+  const std::string longest_col(widest(map.cols), 'x');
+  const double col_font = std::min(font, std::floor(cell / (text_width(longest_col, 1) + 0.05)));
+  const bool upright = col_font >= 6;
+  // Position indices: every k-th, so that each fits its cells.
+  const double index_font = std::min(9.0, font);
+  const std::string widest_index = std::to_string(std::max(R, C) - 1);
+  std::size_t every = 1;
+  for (std::size_t k : {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000})
+    if (every = k; text_width(widest_index, index_font) + 2 <= double(k) * cell) break;
+  const auto axis_title = [&](const std::string& axis) { return map.indexed ? axis + " position" : axis; };
+  const bool sampled = rows.size() < R || cols.size() < C;
+
+  const double title_h = sampled ? 36 : 22, axis_h = 14, index_h = map.indexed ? index_font + 4 : 0;
+  const double label_h = upright ? col_font + 4 : text_width(longest_col, font) + 6;
+  const double top = title_h + axis_h + index_h + label_h;
+  const double index_w = map.indexed ? text_width(widest_index, index_font) + 6 : 0;
+  const double left = 18 + index_w + text_width(std::string(widest(map.rows), 'x'), font) + 6;
+  const double grid_w = cell * double(cols.size()), grid_h = cell * double(rows.size());
+  const double title_w = 8 + 7.3 * double(map.title.size());  // bold 12px
+  const double width = std::ceil(std::max(left + grid_w + 80, title_w)), height = std::ceil(std::max(top + grid_h + 12, top + 150));
   std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
-      "font-family=\"DejaVu Sans Mono, monospace\" font-size=\"{:.1f}\" shape-rendering=\"crispEdges\">\n",
-      width, height, width, height, font);
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" viewBox=\"0 0 {0:.0f} {1:.0f}\" "
+      "font-family=\"DejaVu Sans Mono, monospace\" font-size=\"{2:.0f}\">\n",
+      width, height, font);
   s += fmt::format("<text x=\"4\" y=\"15\" font-size=\"12\" font-weight=\"bold\">{}</text>\n", escape_xml(map.title));
-  for (std::size_t j = 0; j < C; ++j)  // column labels, rotated
-    s += fmt::format("<text transform=\"translate({:.1f},{:.1f}) rotate(-90)\">{}</text>\n",
-                     left + cell * (double(j) + 0.5) + font * 0.35, top - 4, escape_xml(map.cols[j]));
-  for (std::size_t i = 0; i < R; ++i)
+  if (sampled)
+    s += fmt::format("<text x=\"4\" y=\"30\" font-size=\"10\" fill=\"#555\">{} of {} rows, {} of {} columns, evenly "
+                     "spaced</text>\n",
+                     rows.size(), R, cols.size(), C);
+  // Axis titles: the columns' above them, the rows' along their left.
+  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"#555\" text-anchor=\"middle\" "
+                   "font-family=\"DejaVu Sans, sans-serif\">{} →</text>\n",
+                   left + grid_w / 2, title_h + 10, escape_xml(axis_title(map.col_axis)));
+  s += fmt::format("<text transform=\"translate(12,{:.1f}) rotate(-90)\" font-size=\"10\" fill=\"#555\" "
+                   "text-anchor=\"middle\" font-family=\"DejaVu Sans, sans-serif\">{} ↓</text>\n",
+                   top + grid_h / 2, escape_xml(axis_title(map.row_axis)));
+  s += "<g fill=\"#777\" font-size=\"" + fmt::format("{:.0f}", index_font) + "\">\n";
+  if (map.indexed) {
+    for (std::size_t c = 0; c < cols.size(); ++c)
+      if (cols[c] % every == 0)
+        s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", left + cell * (double(c) + 0.5),
+                         title_h + axis_h + index_font, cols[c]);
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      if (rows[r] % every == 0)
+        s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", 18 + index_w - 4,
+                         top + cell * (double(r) + 0.5) + index_font * 0.35, rows[r]);
+  }
+  s += "</g>\n";
+  for (std::size_t c = 0; c < cols.size(); ++c) {
+    const double x = left + cell * (double(c) + 0.5);
+    if (upright)
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\">{}</text>\n", x, top - 4,
+                       col_font, escape_xml(map.cols[cols[c]]));
+    else
+      s += fmt::format("<text transform=\"translate({:.1f},{:.1f}) rotate(-90)\">{}</text>\n", x + font * 0.35, top - 4,
+                       escape_xml(map.cols[cols[c]]));
+  }
+  for (std::size_t r = 0; r < rows.size(); ++r)
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 4,
-                     top + cell * (double(i) + 0.5) + font * 0.35, escape_xml(map.rows[i]));
+                     top + cell * (double(r) + 0.5) + font * 0.35, escape_xml(map.rows[rows[r]]));
   // Masked cells show the grey background; each other cell is a rectangle with its value as tooltip.
-  s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"/>\n", left, top,
-                   cell * double(C), cell * double(R), fill(map, NAN, scale));
-  for (std::size_t i = 0; i < R; ++i)
-    for (std::size_t j = 0; j < C; ++j) {
-      const double v = map.values(i, j);
+  s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"{}\"/>\n", left, top, grid_w,
+                   grid_h, fill(map, NAN, scale));
+  const auto name = [&](const std::string& axis, std::size_t i, const std::string& label) {
+    return map.indexed ? fmt::format("{} {} ({})", axis, i, label) : fmt::format("{} {}", axis, label);
+  };
+  s += fmt::format("<g shape-rendering=\"crispEdges\" transform=\"translate({:.1f},{:.1f})\">\n", left, top);
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    for (std::size_t c = 0; c < cols.size(); ++c) {
+      const double v = map.values(rows[r], cols[c]);
       if (!std::isfinite(v)) continue;
-      s += fmt::format(
-          "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"><title>{} → {}: {}</title></rect>\n",
-          left + cell * double(j), top + cell * double(i), cell, cell, fill(map, v, scale), escape_xml(map.rows[i]),
-          escape_xml(map.cols[j]), number(v));
+      s += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"{}\"><title>{} → {}: {}</title></rect>\n",
+                       cell * double(c), cell * double(r), cell, cell, fill(map, v, scale),
+                       escape_xml(name(map.row_axis, rows[r], map.rows[rows[r]])),
+                       escape_xml(name(map.col_axis, cols[c], map.cols[cols[c]])), number(v));
     }
-  s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#888\"/>\n",
-                   left, top, cell * double(C), cell * double(R));
+  s += "</g>\n";
+  s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"none\" stroke=\"#888\"/>\n",
+                   left, top, grid_w, grid_h);
   // The colour bar: top = +scale, bottom = −scale (or 0 for weights).
-  const double bx = left + cell * double(C) + 14, bh = 120;
+  const double bx = left + grid_w + 14, bh = 120;
   const int steps = 24;
   for (int k = 0; k < steps; ++k) {
     const double t = 1 - (double(k) + 0.5) / steps;  // 1 … 0

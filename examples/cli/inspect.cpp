@@ -13,6 +13,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "examples/cli/charts.hpp"
 #include "examples/cli/heatmap.hpp"
 #include "qkv/nn/safetensors.hpp"
 
@@ -115,6 +116,11 @@ std::string masks_text(const nn::TransformerConfig& c) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
+// Attention weights (T, T) on a sequence of tokens `names`, NaN where masked.
+Heatmap attention_map(const Array<double>& weights, const std::vector<std::string>& names, const std::string& title) {
+  return {weights, names, names, title, false, "query", "key", true};
+}
+
 // The four pictures of a head, as the HTML page and the SVG files show them.
 std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, const HeadInspection& h) {
   const std::size_t d_model = h.qk.shape()[0];
@@ -128,14 +134,13 @@ std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, cons
     for (std::size_t i = 0; i < positions.shape()[0]; ++i)
       for (std::size_t j = i + 1; j < positions.shape()[1]; ++j) positions(i, j) = NAN;
   return {
-      {"attention", {attention, in.input_names, in.input_names,
-                     fmt::format("L{}H{} attention on the input (row: query)", h.layer, h.head), false}},
-      {"token-qk", {h.token_qk, in.vocabulary, in.vocabulary,
-                    fmt::format("L{}H{} token QK (row: query token)", h.layer, h.head), true}},
+      {"attention", attention_map(attention, in.input_names, fmt::format("L{}H{} attention on the input", h.layer, h.head))},
+      {"token-qk", {h.token_qk, in.vocabulary, in.vocabulary, fmt::format("L{}H{} token QK", h.layer, h.head), true,
+                    "query token", "key token"}},
       {"position-qk", {positions, numbered(positions.shape()[0]), numbered(positions.shape()[1]),
-                       fmt::format("L{}H{} position QK (row: query position)", h.layer, h.head), true}},
-      {"qk-circuit", {h.qk, numbered(d_model), numbered(d_model),
-                      fmt::format("L{}H{} QK circuit A = W_q W_kᵀ", h.layer, h.head), true}},
+                       fmt::format("L{}H{} position QK", h.layer, h.head), true, "query position", "key position"}},
+      {"qk-circuit", {h.qk, numbered(d_model), numbered(d_model), fmt::format("L{}H{} QK circuit A = W_q W_kᵀ", h.layer, h.head),
+                      true, "row", "column"}},
   };
 }
 
@@ -430,6 +435,96 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
     }
 }
 
+namespace {
+
+// The snapshots the page shows the attention of: the first, the last, and, when held-out accuracy
+// rose, the last one before it passed halfway and the first one after; else two between.
+std::vector<std::size_t> snapshots_to_show(const TrainingHistory& history) {
+  const auto& s = history.snapshots;
+  if (s.empty()) return {};
+  const std::size_t last = s.size() - 1;
+  std::vector<std::size_t> picks = {0, last / 3, 2 * last / 3, last};
+  if (s[last].accuracy > s[0].accuracy) {
+    const double half = (s[0].accuracy + s[last].accuracy) / 2;
+    std::size_t j = 1;
+    while (j < last && s[j].accuracy < half) ++j;
+    picks = {0, j - 1, j, last};
+  }
+  std::sort(picks.begin(), picks.end());
+  picks.erase(std::unique(picks.begin(), picks.end()), picks.end());
+  return picks;
+}
+
+// The training section of the page: curves from metrics.jsonl and snapshots.jsonl, and the
+// attention on the snapshots' input at a few of them.
+std::string training_html(const Inspection& in) {
+  const TrainingHistory& h = in.history;
+  if (h.logged.empty() && h.snapshots.empty()) return "";
+  std::string s = "<h2>Training</h2>\n";
+  std::vector<ChartLine> run;
+  ChartLine loss{.panel = "loss", .series = "training batches"}, accuracy{.panel = "accuracy", .series = "training batches"};
+  for (const TrainingHistory::Logged& l : h.logged) {
+    if (std::isfinite(l.loss)) loss.values[l.step].push_back(l.loss);
+    if (std::isfinite(l.accuracy)) accuracy.values[l.step].push_back(l.accuracy);
+  }
+  ChartLine held_out{.panel = "accuracy", .series = "held out (snapshots)"};
+  for (const auto& snap : h.snapshots) held_out.values[snap.step].push_back(snap.accuracy);
+  for (ChartLine* line : {&loss, &accuracy, &held_out})
+    if (!line->values.empty()) run.push_back(std::move(*line));
+  s += steps_chart("loss and accuracy", "metrics.jsonl: means over each logging window of the training batches; "
+                   "snapshots: the final evaluation's held-out sequences", run);
+  if (h.snapshots.empty()) {
+    s += "<p>No snapshots: <code>qkv train --snapshot-every N</code> keeps the heads along training.</p>\n";
+    return s;
+  }
+  std::vector<ChartLine> heads;
+  const auto add = [&](const std::string& panel, const std::string& series, std::size_t step, double v) {
+    if (!std::isfinite(v)) return;
+    auto it = std::find_if(heads.begin(), heads.end(), [&](const ChartLine& l) { return l.panel == panel && l.series == series; });
+    if (it == heads.end()) it = heads.insert(heads.end(), ChartLine{.panel = panel, .series = series});
+    it->values[step].push_back(v);
+  };
+  for (const auto& snap : h.snapshots) {
+    for (std::size_t l = 0; l < snap.sigma.size(); ++l)
+      for (std::size_t k = 0; k < snap.sigma[l].size(); ++k) {
+        add("σ of the QK circuit", short_name(l, k), snap.step, snap.sigma[l][k]);
+        if (snap.score_asymmetry[l][k]) add("score asymmetry on the input", short_name(l, k), snap.step, *snap.score_asymmetry[l][k]);
+      }
+    for (const HeadComposition& c : snap.composition) {
+      const std::string pair = short_name(c.from_layer, c.from_head) + "→" + short_name(c.to_layer, c.to_head);
+      add("composition", pair + " Q", snap.step, c.q);
+      add("composition", pair + " K", snap.step, c.k);
+      add("composition", pair + " V", snap.step, c.v);
+    }
+    for (const auto& [key, value] : snap.probes) add("probes", key, snap.step, value);
+  }
+  s += steps_chart("the heads along training", "snapshots.jsonl: σ = ‖(A+Aᵀ)/2‖²/‖A‖² of each head, its softmax-invariant "
+                   "score asymmetry on the input (bidirectional layers), composition between layers, the task's probes",
+                   heads);
+  // The attention pattern at a few snapshots, for the first eight heads.
+  const std::vector<std::size_t> picks = snapshots_to_show(h);
+  s += "<p>Attention on the input at steps ";
+  for (std::size_t i = 0; i < picks.size(); ++i)
+    s += fmt::format("{}{} (held-out accuracy {:.1f}%)", i ? ", " : "", h.snapshots[picks[i]].step, 100 * h.snapshots[picks[i]].accuracy);
+  s += ".</p>\n";
+  std::size_t shown = 0;
+  for (std::size_t l = 0; l < h.snapshots[0].attention.size() && shown < 8; ++l)
+    for (std::size_t k = 0; k < h.snapshots[0].attention[l].size() && shown < 8; ++k, ++shown) {
+      s += "<div class=\"pics\">\n";
+      for (std::size_t p : picks) {
+        const auto& snap = h.snapshots[p];
+        std::vector<std::string> names;
+        for (std::int64_t t : snap.input)
+          names.push_back(t >= 0 && std::size_t(t) < in.vocabulary.size() ? in.vocabulary[std::size_t(t)] : "?");
+        s += heatmap_svg(attention_map(snap.attention[l][k], names, fmt::format("{} at step {}", short_name(l, k), snap.step)));
+      }
+      s += "</div>\n";
+    }
+  return s;
+}
+
+}  // namespace
+
 std::string to_html(const Inspection& in) {
   const nn::TransformerConfig& c = in.config;
   std::string text;
@@ -492,6 +587,7 @@ which the mask hides.</p></div>
     }
     s += "</table>\n";
   }
+  s += training_html(in);
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
       s += fmt::format("<h2>{}</h2>\n<p>", head_name(h));

@@ -49,6 +49,27 @@ struct HeadComposition {
   double q = 0, k = 0, v = 0;
 };
 
+// A run's training, from its folder: metrics.jsonl (every logging step) and snapshots.jsonl
+// (`train --snapshot-every`; see snapshot.hpp).
+struct TrainingHistory {
+  struct Logged {
+    std::size_t step = 0;
+    double loss = 0, accuracy = 0;  // on the training batches, means over the logging window
+  };
+  struct Snapshot {
+    std::size_t step = 0;
+    double accuracy = 0;  // held out
+    std::vector<std::int64_t> input;
+    std::vector<std::vector<double>> sigma;                           // [layer][head]
+    std::vector<std::vector<std::optional<double>>> score_asymmetry;  // [layer][head]
+    std::vector<std::vector<Array<double>>> attention;                // [layer][head] (T, T), NaN where masked
+    std::vector<HeadComposition> composition;
+    std::vector<std::pair<std::string, double>> probes;
+  };
+  std::vector<Logged> logged;
+  std::vector<Snapshot> snapshots;
+};
+
 struct Inspection {
   std::string task, dir;
   nn::TransformerConfig config;
@@ -59,6 +80,7 @@ struct Inspection {
   std::vector<std::vector<HeadInspection>> layers;
   // Every head of each layer into every head of each later layer, writer by writer.
   std::vector<HeadComposition> composition;
+  TrainingHistory history;  // empty unless the caller reads it (read_history)
 };
 
 // A typical sequence of the task: the first of a fixed stream at least 3/4 of the longest length.

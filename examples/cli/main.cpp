@@ -19,6 +19,7 @@
 #include "examples/cli/experiment.hpp"
 #include "examples/cli/gradcheck_cases.hpp"
 #include "examples/cli/inspect.hpp"
+#include "examples/cli/snapshot.hpp"
 #include "examples/cli/train.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/nn/safetensors.hpp"
@@ -50,7 +51,7 @@ CLI::Validator whole(std::uint64_t lo, std::uint64_t hi) {
 std::string option_of(const std::string& field) {
   static const std::map<std::string, std::string> options = {
       {"steps", "--steps"},           {"batch", "--batch"},           {"lr", "--lr"},
-      {"threads", "--threads"},       {"checkpoint_every", "--checkpoint-every"},
+      {"threads", "--threads"},       {"checkpoint_every", "--checkpoint-every"}, {"snapshot_every", "--snapshot-every"},
       {"model.layers", "--layers"},   {"model.d_model", "--d-model"}, {"model.heads", "--heads"},
       {"model.d_head", "--d-head"},   {"model.kv_heads", "--kv-heads"}, {"n", "--n"},
       {"model.max_len", "--max-len"}, {"model.causal_layers", "--attention"}};
@@ -159,7 +160,8 @@ int run_inspect(const InspectArgs& a) {
     if (input.size() > o.model.max_len)
       usage("--input", "{} tokens, but the model has {} positions", input.size(), o.model.max_len);
   }
-  const Inspection in = inspect(*model, *task, input, a.dir);
+  Inspection in = inspect(*model, *task, input, a.dir);
+  in.history = read_history(a.dir);
   if (!a.html.empty()) {
     qkv::nn::write_atomically(a.html, to_html(in));
     fmt::print(stderr, "qkv inspect: wrote {}\n", a.html);
@@ -221,6 +223,7 @@ int main(int argc, char** argv) {
   // Options start unset: the task's defaults fill what the command line leaves out.
   std::string task, qk, proj;
   std::optional<std::uint64_t> seed, steps, layers, heads, d_model, d_head, kv_heads, batch, threads, checkpoint_every,
+      snapshot_every,
       task_n, max_len;
   std::string positions;
   std::optional<double> lr;
@@ -270,6 +273,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--batch", batch, "Sequences per step")->check(whole(1, max_batch));
   train_cmd->add_option("--threads", threads, "threads (default 1: these matrices are small)")->check(whole(1, max_threads));
   train_cmd->add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (default 500; and at the end)")
+      ->check(count);
+  train_cmd->add_option("--snapshot-every", snapshot_every,
+                        "Keep the heads' circuits and attention in snapshots.jsonl: at step 0, steps 10, 20, 30, 50, "
+                        "100, ... below N, every N steps and at the end")
       ->check(count);
   train_cmd->add_flag("--resume", resume, "Continue the run in --out (default runs/TASK) from its last checkpoint");
   train_cmd->add_flag("--force", force,
@@ -368,6 +375,7 @@ int main(int argc, char** argv) {
       if (!positions.empty()) o.model.positions = *qkv::nn::from_name(qkv::nn::all_positions, positions);
       set(batch, o.batch);
       set(checkpoint_every, o.checkpoint_every);
+      set(snapshot_every, o.snapshot_every);
       if (seed) o.seed = *seed;
       if (lr) o.lr = *lr;
       if (!qk.empty()) o.model.qk = *qkv::nn::from_name(qkv::nn::all_qk, qk);

@@ -18,6 +18,7 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/runtime.hpp"
 #include "examples/cli/checkpoint.hpp"
+#include "examples/cli/snapshot.hpp"
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/detail/json.hpp"
 #include "qkv/nn/detail/transformer_json.hpp"
@@ -38,7 +39,7 @@ constexpr std::uint64_t held_out_stream = 0x9e3779b97f4a7c15ULL;
 nlohmann::json config_json(const TrainOptions& o) {
   return {{"task", o.task}, {"n", o.n}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
           {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
-          {"checkpoint_every", o.checkpoint_every}, {"threads", o.threads}, {"blas", o.blas},
+          {"checkpoint_every", o.checkpoint_every}, {"snapshot_every", o.snapshot_every}, {"threads", o.threads}, {"blas", o.blas},
           {"mask_padding", o.mask_padding},
           {"model", nn::detail::transformer_config_json(o.model)}, {"tokens", token_names(*make_task(o.task, o.n))}};
 }
@@ -88,6 +89,7 @@ void check_options(const TrainOptions& o) {
   check_range("batch", o.batch, 1, max_batch);
   check_range("warmup", o.warmup, 0, max_steps);
   check_range("checkpoint_every", o.checkpoint_every, 1, max_steps);
+  check_range("snapshot_every", o.snapshot_every, 0, max_steps);
   check_range("threads", o.threads, 1, max_threads);
   // Adam moves each weight by about lr a step: past 10, nothing trains, and lr / (1 − β1ᵗ)
   // overflows for lr near the largest double.
@@ -175,6 +177,7 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   o.clip = r.number("clip");
   // Absent from runs written before they were recorded.
   if (r.has("checkpoint_every")) o.checkpoint_every = r.count("checkpoint_every", 1, max_steps);
+  if (r.has("snapshot_every")) o.snapshot_every = r.count("snapshot_every", 0, max_steps);
   if (r.has("threads")) o.threads = r.count("threads", 1, max_threads);
   if (r.has("blas")) o.blas = r.text("blas");
   o.mask_padding = r.has("mask_padding") && r.flag("mask_padding");  // older runs trained without
@@ -268,13 +271,13 @@ Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t bat
                  bool mask_padding) {
   NoGradGuard no_grad;
   Generator gen = held_out_generator(seed);
-  Metrics total;
+  MetricsSum total;
   for (std::size_t i = 0; i < batches; ++i) {
     const Batch b = task.sample(batch_size, gen);
     const MaskArray padding = key_padding(model, task, b.tokens, mask_padding);
-    total += score(nn::Transformer::predictions(model.forward(b.tokens, false, padding).logits), b);
+    total.add(score(nn::Transformer::predictions(model.forward(b.tokens, false, padding).logits), b));
   }
-  return total;
+  return total.result();
 }
 
 namespace {
@@ -419,7 +422,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   fs::path out = fs::path(o.out.empty() ? "runs/" + o.task : o.out).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "runs/x/" is "runs/x"
   RunFolder folder(out.string(), o);
-  const std::string metrics_file = folder.path() + "/metrics.jsonl";
+  const std::string metrics_file = folder.path() + "/metrics.jsonl", snapshots_file = folder.path() + "/snapshots.jsonl";
   std::size_t first_step = 0;
   if (o.resume) {
     note_differences(options, progress);  // a resumed run's options are its config.json's
@@ -437,10 +440,17 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
       progress << fmt::format("qkv train: {} has no checkpoint yet; training from step 0\n", folder.path());
     }
     truncate_metrics(metrics_file, first_step);
+    if (o.snapshot_every) truncate_metrics(snapshots_file, first_step);
   } else {
     nn::write_atomically(folder.path() + "/config.json", config_text(o));
   }
   MetricsLog metrics(metrics_file, !o.resume);
+  std::optional<MetricsLog> snapshots;
+  std::optional<Snapshots> snapshot;
+  if (o.snapshot_every) {
+    snapshots.emplace(snapshots_file, !o.resume);
+    snapshot.emplace(o, *task);
+  }
 
   const auto start = std::chrono::steady_clock::now();
   const auto since = [](auto t) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); };
@@ -448,14 +458,15 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   const auto elapsed = [&] { return since(start) - observing; };
   const auto observed = [&](std::size_t step) {
     const auto t = std::chrono::steady_clock::now();
-    observe(step, model);
+    if (snapshot && snapshot->due(step)) snapshots->write(snapshot->take(step, model).dump());
+    if (observe) observe(step, model);
     observing += since(t);
   };
   const std::size_t last_step = o.stop_after ? std::min(o.stop_after, o.steps) : o.steps;
   TrainResult result;
   double running_loss = 0, running_acc = 0;
   std::size_t since_log = 0;
-  if (observe && first_step == 0) observed(0);
+  if (first_step == 0) observed(0);
   for (std::size_t step = first_step; step < last_step; ++step) {
     const Batch b = task->sample(o.batch, gen);
     schedule.apply(opt, step);
@@ -486,7 +497,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
     if (o.target_every && !result.steps_to_target && (step + 1) % o.target_every == 0 &&
         evaluate(model, *task, o.target_batches, o.batch, o.seed, o.mask_padding).accuracy >= o.target)
       result.steps_to_target = step + 1;
-    if (observe) observed(step + 1);
+    observed(step + 1);
     if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step) {
       save_checkpoint(folder.path(), model, opt, {.step = step + 1, .rng = gen.state()});
       folder.checkpointed();

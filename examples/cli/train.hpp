@@ -29,6 +29,9 @@ struct TrainOptions {
   double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0, clip = 1.0;
   std::size_t eval_batches = 32;  // of `batch` fresh sequences each
   std::size_t checkpoint_every = 500;  // and at the end
+  // With N > 0, OUT/snapshots.jsonl keeps what the heads look like along training (snapshot.hpp)
+  // at step 0, the log-spaced steps 10, 20, 30, 50, 100, … below N, every N steps and the last.
+  std::size_t snapshot_every = 0;
   std::size_t threads = 1;             // recorded; the caller sets them (set_num_threads)
   // Bidirectional layers mask the padding keys (key_padding). Runs written before it was recorded
   // trained without, and are read back so.

@@ -77,13 +77,16 @@ TEST_CASE("ablate: a corruption that changes nothing patches nothing, and the me
   REQUIRE(a.corrupted);
   check_same(*a.corrupted, a.clean);
   for (const HeadAblation& h : a.heads) {
-    REQUIRE(h.patched);
-    check_same(*h.patched, a.clean);
-    CHECK_FALSE(h.patch_share);  // no gap to share
+    REQUIRE(h.noised);
+    REQUIRE(h.denoised);
+    check_same(*h.noised, a.clean);
+    check_same(*h.denoised, a.clean);
+    CHECK_FALSE(h.noising_share);  // no gap to share
+    CHECK_FALSE(h.denoising_share);
   }
   const nlohmann::json j = to_json(a);
   CHECK(j.at("corruption") == "none");
-  CHECK(j.at("heads")[0].at("patch_share").is_null());
+  CHECK(j.at("heads")[0].at("noising_share").is_null());
 
   // Brackets: padded rows, whose outputs the means leave out; by hand from the cache.
   Generator gen(2);
@@ -124,9 +127,51 @@ TEST_CASE("ablate: a corruption that changes nothing patches nothing, and the me
       padding_mattered = padding_mattered || !xt::allclose(xt::view(all_rows[l], t) / double(rows), want, 1e-6, 1e-9);
     }
   CHECK(padding_mattered);
+  // No corruption: no patching. The pointer readout is the last layer's head-0 scores, which
+  // its heads' outputs never reach: those heads are not ablated.
   const Ablation p = ablate(brackets, bt, std::nullopt, 1, 8, 4);
-  CHECK(p.heads[0].patched == std::nullopt);
-  CHECK(to_json(p).at("corrupted").is_null());
+  REQUIRE(p.heads.size() == 4);
+  CHECK(p.heads[0].read);
+  CHECK(p.heads[0].noised == std::nullopt);
+  CHECK_FALSE(p.heads[2].read);
+  CHECK_FALSE(p.heads[3].needed);
+  const nlohmann::json pj = to_json(p);
+  CHECK(pj.at("corrupted").is_null());
+  CHECK_FALSE(pj.at("heads")[3].contains("zero"));
+  std::ostringstream table;
+  print_ablation(table, p);
+  CHECK_THAT(table.str(), Contains("L1H1    not read: the readout is this layer's head-0 scores"));
+}
+
+TEST_CASE("ablate: mean ablation puts each position's own mean in place of the head's output") {
+  auto model = induction_model(9);
+  const InductionTask task;
+  const std::size_t batches = 3, size = 8, seed = 2, dv = 16;
+  const Ablation a = ablate(*model, task, std::nullopt, batches, size, seed);
+  const std::vector<Array<double>> means = mean_head_outputs(*model, task, batches, size, seed);
+  // The means differ from position to position.
+  CHECK(xt::amax(xt::abs(xt::view(means[1], 3) - xt::view(means[1], 9)))() > 1e-3);
+  // Layer 1's head 1 by a hook of its own: z[b, t, 1, :] = means[1](t, 1, :).
+  const nn::ForwardHook by_hand = [&](const Tensor& z, const std::string&) {
+    Array<double> v = z.value<double>();
+    for (std::size_t b = 0; b < v.shape()[0]; ++b)
+      for (std::size_t t = 0; t < v.shape()[1]; ++t)
+        for (std::size_t d = 0; d < dv; ++d) v(b, t, 1, d) = means[1](t, 1, d);
+    return Tensor(v);
+  };
+  Generator gen = held_out_generator(seed);
+  double loss = 0;
+  MetricsSum right;
+  for (std::size_t i = 0; i < batches; ++i) {
+    const Batch b = task.sample(size, gen);
+    const nn::TransformerOutput out = model->run_with_hooks(b.tokens, {{"blocks.1.attn.hook_z", by_hand}});
+    const Metrics m = score(nn::Transformer::predictions(out.logits), b);
+    loss += model->loss(out, b.targets).item() * double(m.scored);
+    right.add(m);
+  }
+  CHECK(a.heads[3].mean.accuracy == right.result().accuracy);
+  CHECK(a.heads[3].mean.loss == Approx(loss / double(right.result().scored)).epsilon(1e-12));
+  CHECK(std::abs(a.heads[3].mean.loss - a.clean.loss) > 1e-4);
 }
 
 TEST_CASE("ablate and inspect on the default induction model: a previous-token head and an induction head, each needed, joined by K-composition") {
@@ -164,9 +209,14 @@ TEST_CASE("ablate and inspect on the default induction model: a previous-token h
     CHECK(h.needed);
     CHECK(h.zero.accuracy < 0.5);
     CHECK(h.mean.accuracy < 0.5);
-    REQUIRE(h.patch_share);
-    CHECK(*h.patch_share > 0.5);
+    REQUIRE(h.noising_share);
+    CHECK(*h.noising_share > 0.5);
   }
+  // Denoising: the induction head's clean output alone restores the corrupted run (it carries the
+  // answer); the previous-token head's does not (the induction head would read the corrupted
+  // first copy's tokens after it).
+  CHECK(*a.heads[1].denoising_share > 0.9);
+  CHECK(*a.heads[0].denoising_share < 0.2);
   const nlohmann::json j = to_json(a);
   CHECK(j.at("needed") == nlohmann::json({"L0H0", "L1H0"}));
   std::ostringstream table;

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "examples/cli/experiment.hpp"
-#include "examples/cli/experiment_charts.hpp"
+#include "examples/cli/charts.hpp"
 #include "examples/cli/tasks/tasks.hpp"
 #include "qkv/core/runtime.hpp"
 #include "tests/cli/short_run.hpp"

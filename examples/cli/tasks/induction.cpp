@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <sstream>
 
 #include "examples/cli/tasks/tasks.hpp"
@@ -17,11 +18,15 @@ InductionTask::InductionTask(std::size_t vocab, std::size_t min_block, std::size
 
 namespace {
 
-// n distinct tokens of 0 … vocab − 1, in a random order: the first n of `pool`.
-void draw_block(std::vector<std::int64_t>& pool, std::size_t vocab, std::size_t n, Generator& gen) {
-  pool.resize(vocab);
+// n distinct tokens of `pool`, in a random order: its first n, once drawn.
+void draw_distinct(std::vector<std::int64_t>& pool, std::size_t n, Generator& gen) {
+  for (std::size_t i = 0; i < n; ++i) std::swap(pool[i], pool[i + gen.next_u64() % (pool.size() - i)]);
+}
+
+std::vector<std::int64_t> all_tokens(std::size_t vocab) {
+  std::vector<std::int64_t> pool(vocab);
   for (std::size_t i = 0; i < vocab; ++i) pool[i] = std::int64_t(i);
-  for (std::size_t i = 0; i < n; ++i) std::swap(pool[i], pool[i + gen.next_u64() % (vocab - i)]);
+  return pool;
 }
 
 }  // namespace
@@ -29,9 +34,9 @@ void draw_block(std::vector<std::int64_t>& pool, std::size_t vocab, std::size_t 
 Batch InductionTask::sample(std::size_t batch_size, Generator& gen) const {
   const std::size_t n = min_block_ + std::size_t(gen.next_u64() % (max_block_ - min_block_ + 1));
   Batch batch{filled(batch_size, 2 * n, 0), filled(batch_size, 2 * n, ignore_target)};
-  std::vector<std::int64_t> pool;
   for (std::size_t b = 0; b < batch_size; ++b) {
-    draw_block(pool, vocab_, n, gen);
+    std::vector<std::int64_t> pool = all_tokens(vocab_);
+    draw_distinct(pool, n, gen);
     for (std::size_t t = 0; t < 2 * n; ++t) batch.tokens(b, t) = pool[t % n];
     for (std::size_t t = n; t + 1 < 2 * n; ++t) batch.targets(b, t) = batch.tokens(b, t + 1);
   }
@@ -60,15 +65,20 @@ TaskSpec induction_task() {
                 o.steps = 1500;
               },
           .target = 0.95,
-          // The second copy unchanged after a first copy of other tokens: a model that reads the
-          // first copy to predict the second now predicts other tokens.
-          .corruption = Corruption{.description = "the first copy drawn afresh",
+          // The second copy unchanged after a first copy of other tokens, none of the second's: a
+          // model that reads the first copy to predict the second finds no answer there.
+          .corruption = Corruption{.description = "the first copy drawn afresh from the other tokens",
                                    .make = [](const Task& task, const Batch& clean, Generator& gen) {
                                      IndexArray tokens = clean.tokens;
                                      const std::size_t n = tokens.shape()[1] / 2;
-                                     std::vector<std::int64_t> pool;
                                      for (std::size_t b = 0; b < tokens.shape()[0]; ++b) {
-                                       draw_block(pool, task.info().vocab_size, n, gen);
+                                       std::vector<std::int64_t> pool;
+                                       for (std::int64_t t : all_tokens(task.info().vocab_size))
+                                         if (std::find(&tokens(b, 0), &tokens(b, 0) + n, t) == &tokens(b, 0) + n) pool.push_back(t);
+                                       if (pool.size() < n)
+                                         fail("induction", "a block of {} tokens of {} leaves {} others to corrupt it with",
+                                              n, task.info().vocab_size, pool.size());
+                                       draw_distinct(pool, n, gen);
                                        for (std::size_t t = 0; t < n; ++t) tokens(b, t) = pool[t];
                                      }
                                      return tokens;

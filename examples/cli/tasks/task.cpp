@@ -62,13 +62,18 @@ Metrics score(const IndexArray& predictions, const Batch& batch) {
   return m;
 }
 
-Metrics& operator+=(Metrics& total, const Metrics& more) {
-  const auto mix = [](double a, std::size_t n, double b, std::size_t m) { return n + m ? (a * double(n) + b * double(m)) / double(n + m) : 0; };
-  total.accuracy = mix(total.accuracy, total.scored, more.accuracy, more.scored);
-  total.exact_match = mix(total.exact_match, total.sequences, more.exact_match, more.sequences);
-  total.scored += more.scored;
-  total.sequences += more.sequences;
-  return total;
+void MetricsSum::add(const Metrics& m) {
+  correct_ += m.accuracy * double(m.scored);
+  exact_ += m.exact_match * double(m.sequences);
+  scored_ += m.scored;
+  sequences_ += m.sequences;
+}
+
+Metrics MetricsSum::result() const {
+  return {.accuracy = scored_ ? correct_ / double(scored_) : 0,
+          .exact_match = sequences_ ? exact_ / double(sequences_) : 0,
+          .scored = scored_,
+          .sequences = sequences_};
 }
 
 std::vector<std::string> task_names() { return names_of(task_registry()); }

@@ -55,8 +55,16 @@ std::vector<std::int64_t> parse_numbers(const std::string& text, std::size_t n, 
 
 // Predictions (B, T) against a batch's targets.
 Metrics score(const IndexArray& predictions, const Batch& batch);
-// The metrics of both sets of sequences together: `total` becomes them.
-Metrics& operator+=(Metrics& total, const Metrics& more);
+// The metrics of several batches together.
+class MetricsSum {
+ public:
+  void add(const Metrics& batch);
+  Metrics result() const;
+
+ private:
+  double correct_ = 0, exact_ = 0;  // right positions, and sequences right throughout
+  std::size_t scored_ = 0, sequences_ = 0;
+};
 
 class Task {
  public:

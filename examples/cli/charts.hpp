@@ -1,6 +1,9 @@
 #pragma once
-// The numbers of `qkv experiment` runs gathered per configuration, and drawn: final accuracy as bars,
-// and any measurement along training as curves over log-spaced steps.
+// Charts as SVG: the numbers of `qkv experiment` runs gathered per configuration, and drawn (final
+// accuracy as bars, any measurement along training as curves over log-spaced steps); and lines
+// over training steps, which `qkv inspect` draws from a run's metrics and snapshots.
+#include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,5 +37,17 @@ std::string accuracy_chart(const std::string& name, const nlohmann::ordered_json
 // the highest. Null values are left out; "" when no run has one.
 std::string curves_chart(const std::string& name, const nlohmann::ordered_json& runs, const std::string& key,
                          const std::string& what);
+
+// A line of a steps chart: its panel (one plot each; "" for a chart of one), its series (a colour
+// and a legend entry each), and at each step its values: a line through their mean, in a band
+// from the lowest to the highest.
+struct ChartLine {
+  std::string panel, series;
+  std::map<std::size_t, std::vector<double>> values{};
+};
+
+// The lines against the step on a log axis, up to three panels a row, with a legend of the series;
+// values in [0, 1] on a fixed axis, larger ones up to the next half. "" for no lines.
+std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines);
 
 }  // namespace qkv::cli

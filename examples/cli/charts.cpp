@@ -1,4 +1,4 @@
-#include "examples/cli/experiment_charts.hpp"
+#include "examples/cli/charts.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -103,18 +103,12 @@ std::string accuracy_chart(const std::string& name, const Json& runs) {
 
 std::string curves_chart(const std::string& name, const Json& runs, const std::string& key, const std::string& what) {
   // One line per configuration: at each step, the values of its seeds.
-  struct Line {
-    std::string panel, series;
-    std::map<std::size_t, std::vector<double>> values;
-  };
-  std::vector<Line> lines;
-  std::vector<std::string> panels, series;
-  double top_value = 0;
-  std::size_t last_step = 1, seeds = 0;
+  std::vector<ChartLine> lines;
+  std::size_t seeds = 0;
   for (const RunGroup& g : group_runs(runs)) {
     seeds = std::max(seeds, g.runs.size());
     Json rest = g.labels;
-    Line line;
+    ChartLine line;
     if (rest.contains("task") && rest.size() > 1) {
       line.panel = rest["task"].is_string() ? rest["task"].get<std::string>() : rest["task"].dump();
       rest.erase("task");
@@ -122,20 +116,27 @@ std::string curves_chart(const std::string& name, const Json& runs, const std::s
     line.series = label_text(rest);
     for (const Json* run : g.runs)
       for (const Json& point : run->value("curve", Json::array()))
-        if (point.contains(key) && !point.at(key).is_null()) {
-          const double v = point.at(key).get<double>();
-          const std::size_t step = point.at("step").get<std::size_t>();
-          line.values[step].push_back(v);
-          top_value = std::max(top_value, v);
-          last_step = std::max(last_step, step);
-        }
-    if (line.values.empty()) continue;
+        if (point.contains(key) && !point.at(key).is_null())
+          line.values[point.at("step").get<std::size_t>()].push_back(point.at(key).get<double>());
+    if (!line.values.empty()) lines.push_back(std::move(line));
+  }
+  return steps_chart(fmt::format("qkv experiment {}: {}", name, what),
+                     fmt::format("along training: the mean over {} seed(s); the band runs from the lowest seed to the highest", seeds),
+                     lines);
+}
+
+std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines) {
+  std::vector<std::string> panels, series;
+  double top_value = 0;
+  std::size_t last_step = 1;
+  for (const ChartLine& line : lines) {
+    for (const auto& [step, values] : line.values)
+      for (double v : values) top_value = std::max(top_value, v), last_step = std::max(last_step, step);
     if (std::find(panels.begin(), panels.end(), line.panel) == panels.end()) panels.push_back(line.panel);
     if (std::find(series.begin(), series.end(), line.series) == series.end()) series.push_back(line.series);
-    lines.push_back(std::move(line));
   }
   if (lines.empty()) return "";
-  // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2) up to the next half.
+  // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2; a loss) up to the next half.
   const double y_max = top_value <= 1 ? 1.0 : std::ceil(top_value * 2) / 2;
   const std::size_t columns = std::min<std::size_t>(3, panels.size());
   const std::size_t rows = (panels.size() + columns - 1) / columns;
@@ -148,11 +149,8 @@ std::string curves_chart(const std::string& name, const Json& runs, const std::s
   const double x_max = std::log10(double(last_step) + 1);
 
   std::string s = svg_open(width, height);
-  s += fmt::format("<text x=\"8\" y=\"18\" font-size=\"13\" font-weight=\"bold\">qkv experiment {}: {}</text>\n",
-                   escape_xml(name), escape_xml(what));
-  s += fmt::format("<text x=\"8\" y=\"34\" fill=\"#555\">along training: the mean over {} seed(s); the band runs from the "
-                   "lowest seed to the highest</text>\n",
-                   seeds);
+  s += fmt::format("<text x=\"8\" y=\"18\" font-size=\"13\" font-weight=\"bold\">{}</text>\n", escape_xml(title));
+  s += fmt::format("<text x=\"8\" y=\"34\" fill=\"#555\">{}</text>\n", escape_xml(subtitle));
   for (std::size_t p = 0; p < panels.size(); ++p) {
     const double x0 = double(p % columns) * panel_w + left, y0 = head + double(p / columns) * panel_h + above;
     const auto x = [&](std::size_t step) { return x0 + plot_w * std::log10(double(step) + 1) / x_max; };
@@ -174,7 +172,7 @@ std::string curves_chart(const std::string& name, const Json& runs, const std::s
                        y0 + plot_h + 14, t);
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#555\">steps (log scale)</text>\n",
                      x0 + plot_w / 2, y0 + plot_h + 28);
-    for (const Line& line : lines) {
+    for (const ChartLine& line : lines) {
       if (line.panel != panels[p]) continue;
       const std::size_t c = std::size_t(std::find(series.begin(), series.end(), line.series) - series.begin());
       const char* colour = palette[c % std::size(palette)];
