@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The `qkv inspect --html` pages of two trained runs as a reader's browser shows them
+# (render_page.py, headless Chromium): induction with snapshots along training, and brackets,
+# whose one-character tokens were once drawn sideways. Screenshots: OUT/inspect-NAME.png.
+#   render-reports.sh QKV_BINARY OUT
+set -euo pipefail
+qkv=$1 out=$2
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$out"
+"$qkv" train induction --snapshot-every 100 --out "$work/induction" >/dev/null 2>&1
+"$qkv" train brackets --steps 300 --out "$work/brackets" >/dev/null 2>&1
+for name in induction brackets; do
+  "$qkv" inspect "$work/$name" --html "$work/$name.html"
+  python3 "$here/render_page.py" "$work/$name.html" "$out/inspect-$name.png"
+done
