@@ -455,12 +455,13 @@ std::vector<std::size_t> snapshots_to_show(const TrainingHistory& history) {
   return picks;
 }
 
-// The training section of the page: curves from metrics.jsonl and snapshots.jsonl, and the
-// attention on the snapshots' input at a few of them.
-std::string training_html(const Inspection& in) {
+// The pictures of a run's training, by file name: the curves of metrics.jsonl and snapshots.jsonl
+// ("training", "training-heads"), and the attention on the snapshots' input at a few of them, for
+// the first eight heads, a row of them per head ("L0H0-step-400").
+std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(const Inspection& in) {
   const TrainingHistory& h = in.history;
-  if (h.logged.empty() && h.snapshots.empty()) return "";
-  std::string s = "<h2>Training</h2>\n";
+  std::vector<std::vector<std::pair<std::string, std::string>>> rows;
+  if (h.logged.empty() && h.snapshots.empty()) return rows;
   std::vector<ChartLine> run;
   ChartLine loss{.panel = "loss", .series = "training batches"}, accuracy{.panel = "accuracy", .series = "training batches"};
   for (const TrainingHistory::Logged& l : h.logged) {
@@ -471,12 +472,8 @@ std::string training_html(const Inspection& in) {
   for (const auto& snap : h.snapshots) held_out.values[snap.step].push_back(snap.accuracy);
   for (ChartLine* line : {&loss, &accuracy, &held_out})
     if (!line->values.empty()) run.push_back(std::move(*line));
-  s += steps_chart("loss and accuracy", "metrics.jsonl: means over each logging window of the training batches; "
-                   "snapshots: the final evaluation's held-out sequences", run);
-  if (h.snapshots.empty()) {
-    s += "<p>No snapshots: <code>qkv train --snapshot-every N</code> keeps the heads along training.</p>\n";
-    return s;
-  }
+  rows.push_back({{"training", steps_chart("loss and accuracy", "the training batches (metrics.jsonl); held out: snapshots", run)}});
+  if (h.snapshots.empty()) return rows;
   std::vector<ChartLine> heads;
   const auto add = [&](const std::string& panel, const std::string& series, std::size_t step, double v) {
     if (!std::isfinite(v)) return;
@@ -498,28 +495,50 @@ std::string training_html(const Inspection& in) {
     }
     for (const auto& [key, value] : snap.probes) add("probes", key, snap.step, value);
   }
-  s += steps_chart("the heads along training", "snapshots.jsonl: σ = ‖(A+Aᵀ)/2‖²/‖A‖² of each head, its softmax-invariant "
-                   "score asymmetry on the input (bidirectional layers), composition between layers, the task's probes",
-                   heads);
-  // The attention pattern at a few snapshots, for the first eight heads.
+  rows.back().emplace_back("training-heads", steps_chart("the heads along training", "snapshots.jsonl", heads));
   const std::vector<std::size_t> picks = snapshots_to_show(h);
-  s += "<p>Attention on the input at steps ";
-  for (std::size_t i = 0; i < picks.size(); ++i)
-    s += fmt::format("{}{} (held-out accuracy {:.1f}%)", i ? ", " : "", h.snapshots[picks[i]].step, 100 * h.snapshots[picks[i]].accuracy);
-  s += ".</p>\n";
   std::size_t shown = 0;
   for (std::size_t l = 0; l < h.snapshots[0].attention.size() && shown < 8; ++l)
     for (std::size_t k = 0; k < h.snapshots[0].attention[l].size() && shown < 8; ++k, ++shown) {
-      s += "<div class=\"pics\">\n";
+      rows.emplace_back();
       for (std::size_t p : picks) {
         const auto& snap = h.snapshots[p];
         std::vector<std::string> names;
         for (std::int64_t t : snap.input)
           names.push_back(t >= 0 && std::size_t(t) < in.vocabulary.size() ? in.vocabulary[std::size_t(t)] : "?");
-        s += heatmap_svg(attention_map(snap.attention[l][k], names, fmt::format("{} at step {}", short_name(l, k), snap.step)));
+        rows.back().emplace_back(fmt::format("{}-step-{}", short_name(l, k), snap.step),
+                                 heatmap_svg(attention_map(snap.attention[l][k], names,
+                                                           fmt::format("{} at step {}", short_name(l, k), snap.step))));
       }
-      s += "</div>\n";
     }
+  return rows;
+}
+
+// The training section of the page: its pictures, with what they show.
+std::string training_html(const Inspection& in) {
+  const auto rows = training_pictures(in);
+  if (rows.empty()) return "";
+  const TrainingHistory& h = in.history;
+  std::string s = "<h2>Training</h2>\n<p class=\"legend\">Loss and accuracy: means over each logging window of the "
+                  "training batches (metrics.jsonl), and held out, on the final evaluation's sequences, at each snapshot. "
+                  "The heads: σ = ‖(A+Aᵀ)/2‖²/‖A‖² of each head, its softmax-invariant score asymmetry on the input "
+                  "(bidirectional layers), the composition between layers and the task's probes, at each snapshot "
+                  "(snapshots.jsonl).</p>\n";
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    if (r == 1) {
+      const std::vector<std::size_t> picks = snapshots_to_show(h);
+      s += "<p>Attention on the input at steps ";
+      for (std::size_t i = 0; i < picks.size(); ++i)
+        s += fmt::format("{}{} (held-out accuracy {:.1f}%)", i ? ", " : "", h.snapshots[picks[i]].step,
+                         100 * h.snapshots[picks[i]].accuracy);
+      s += ".</p>\n";
+    }
+    s += "<div class=\"pics\">\n";
+    for (const auto& [name, svg] : rows[r]) s += svg;
+    s += "</div>\n";
+  }
+  if (h.snapshots.empty())
+    s += "<p>No snapshots: <code>qkv train --snapshot-every N</code> keeps the heads along training.</p>\n";
   return s;
 }
 
@@ -621,6 +640,11 @@ std::vector<std::string> write_svgs(const Inspection& in, const std::string& dir
         files.push_back((std::filesystem::path(dir) / fmt::format("L{}H{}-{}.svg", h.layer, h.head, name)).string());
         nn::write_atomically(files.back(), heatmap_svg(map));
       }
+  for (const auto& row : training_pictures(in))
+    for (const auto& [name, svg] : row) {
+      files.push_back((std::filesystem::path(dir) / (name + ".svg")).string());
+      nn::write_atomically(files.back(), svg);
+    }
   return files;
 }
 

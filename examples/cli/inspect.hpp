@@ -114,7 +114,8 @@ void print_report(std::ostream& out, const Inspection& inspection, bool color);
 std::string to_html(const Inspection& inspection);
 
 // Each picture of the page as its own SVG file in `dir`: L{l}H{h}-{attention,token-qk,
-// position-qk,qk-circuit}.svg. Returns the files written.
+// position-qk,qk-circuit}.svg, and with a training history training.svg, training-heads.svg and
+// L{l}H{h}-step-{step}.svg (the attention at a few snapshots). Returns the files written.
 std::vector<std::string> write_svgs(const Inspection& inspection, const std::string& dir);
 
 }  // namespace qkv::cli

@@ -130,5 +130,19 @@ TEST_CASE("snapshots: the history of a run folder, a line cut short, a broken li
   CHECK_THAT(page, Contains("the heads along training"));
   CHECK_THAT(page, Contains("L1H0 at step 30<"));
   CHECK_THAT(page, Contains("L0H0→L1H0 K"));
+  // And as files: the two charts, and the attention at the snapshots shown.
+  const auto files = write_svgs(in, o.out + "/svg");
+  for (const char* name : {"/svg/training.svg", "/svg/training-heads.svg", "/svg/L1H0-step-30.svg", "/svg/L0H0-step-0.svg"})
+    CHECK(std::find(files.begin(), files.end(), o.out + name) != files.end());
+  // Each head's four pictures, the two charts, and each head at the same two to four steps.
+  std::size_t steps = 0;
+  for (const auto& f : files)
+    if (f.find("/L0H0-step-") != std::string::npos) {
+      ++steps;
+      CHECK(std::find(files.begin(), files.end(), std::string(f).replace(f.find("/L0H0-"), 6, "/L1H0-")) != files.end());
+    }
+  CHECK(steps >= 2);
+  CHECK(steps <= 4);
+  CHECK(files.size() == 2 * 4 + 2 + 2 * steps);
   std::filesystem::remove_all(o.out);
 }
