@@ -122,22 +122,27 @@ std::string curves_chart(const std::string& name, const Json& runs, const std::s
   }
   return steps_chart(fmt::format("qkv experiment {}: {}", name, what),
                      fmt::format("along training: the mean over {} seed(s); the band runs from the lowest seed to the highest", seeds),
-                     lines);
+                     lines, true);
 }
 
-std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines) {
+std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines,
+                        bool shared_axis) {
   std::vector<std::string> panels, series;
-  double top_value = 0;
+  std::vector<double> top_value;  // per panel
   std::size_t last_step = 1;
   for (const ChartLine& line : lines) {
+    const auto panel = std::find(panels.begin(), panels.end(), line.panel);
+    if (panel == panels.end()) panels.push_back(line.panel), top_value.push_back(0);
+    double& top = top_value[std::size_t(std::find(panels.begin(), panels.end(), line.panel) - panels.begin())];
     for (const auto& [step, values] : line.values)
-      for (double v : values) top_value = std::max(top_value, v), last_step = std::max(last_step, step);
-    if (std::find(panels.begin(), panels.end(), line.panel) == panels.end()) panels.push_back(line.panel);
+      for (double v : values)
+        if (std::isfinite(v)) top = std::max(top, v), last_step = std::max(last_step, step);
     if (std::find(series.begin(), series.end(), line.series) == series.end()) series.push_back(line.series);
   }
   if (lines.empty()) return "";
   // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2; a loss) up to the next half.
-  const double y_max = top_value <= 1 ? 1.0 : std::ceil(top_value * 2) / 2;
+  const auto axis_top = [](double top) { return top <= 1 ? 1.0 : std::ceil(top * 2) / 2; };
+  if (shared_axis) std::fill(top_value.begin(), top_value.end(), *std::max_element(top_value.begin(), top_value.end()));
   const std::size_t columns = std::min<std::size_t>(3, panels.size());
   const std::size_t rows = (panels.size() + columns - 1) / columns;
   const double panel_w = panels.size() == 1 ? 620 : 300, panel_h = panels.size() == 1 ? 260 : 190, left = 44, right = 12, above = 22, below = 34, head = 50;
@@ -154,6 +159,7 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   for (std::size_t p = 0; p < panels.size(); ++p) {
     const double x0 = double(p % columns) * panel_w + left, y0 = head + double(p / columns) * panel_h + above;
     const auto x = [&](std::size_t step) { return x0 + plot_w * std::log10(double(step) + 1) / x_max; };
+    const double y_max = axis_top(top_value[p]);
     const auto y = [&](double v) { return y0 + plot_h * (1 - std::clamp(v / y_max, 0.0, 1.0)); };
     if (!panels[p].empty())
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-weight=\"bold\">{}</text>\n", x0, y0 - 8, escape_xml(panels[p]));
@@ -165,7 +171,10 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#555\">{:.3g}</text>\n", x0 - 4, y(v) + 4, v);
     }
     std::vector<std::size_t> ticks = {0};
-    for (std::size_t t = 10; t <= last_step; t *= 10) ticks.push_back(t);
+    for (std::size_t t = 10; t <= last_step; t *= 10) {
+      ticks.push_back(t);
+      if (t > last_step / 10) break;  // the next power would pass it (or wrap)
+    }
     if (last_step > ticks.back() * 2) ticks.push_back(last_step);
     for (std::size_t t : ticks)
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n", x(t),
@@ -177,7 +186,11 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
       const std::size_t c = std::size_t(std::find(series.begin(), series.end(), line.series) - series.begin());
       const char* colour = palette[c % std::size(palette)];
       std::string band_top, band_bottom, mean;
-      for (const auto& [step, values] : line.values) {
+      for (const auto& [step, all] : line.values) {
+        std::vector<double> values;
+        for (double v : all)
+          if (std::isfinite(v)) values.push_back(v);
+        if (values.empty()) continue;
         const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
         band_top += fmt::format("{:.1f},{:.1f} ", x(step), y(*hi));
         band_bottom = fmt::format("{:.1f},{:.1f} ", x(step), y(*lo)) + band_bottom;

@@ -47,7 +47,10 @@ struct ChartLine {
 };
 
 // The lines against the step on a log axis, up to three panels a row, with a legend of the series;
-// values in [0, 1] on a fixed axis, larger ones up to the next half. "" for no lines.
-std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines);
+// values in [0, 1] on a fixed axis, larger ones up to the next half, on one axis for all panels
+// when `shared_axis` (the same measure), else each panel's own. Non-finite values are left out.
+// "" for no lines.
+std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines,
+                        bool shared_axis);
 
 }  // namespace qkv::cli

@@ -139,10 +139,11 @@ double text_width(const std::string& text, double size) {
   return 0.62 * size * double(glyphs);
 }
 
+// The most characters of any label (at least 1).
 std::size_t widest(const std::vector<std::string>& labels) {
-  std::size_t n = 1;
-  for (const auto& l : labels) n = std::max(n, l.size());
-  return n;
+  double most = 1;
+  for (const auto& l : labels) most = std::max(most, text_width(l, 1) / 0.62);
+  return std::size_t(most);
 }
 
 }  // namespace
@@ -193,12 +194,13 @@ std::string heatmap_svg(const Heatmap& map) {
                    top + grid_h / 2, escape_xml(axis_title(map.row_axis)));
   s += "<g fill=\"#777\" font-size=\"" + fmt::format("{:.0f}", index_font) + "\">\n";
   if (map.indexed) {
+    // Every `every`-th drawn cell: of the positions themselves when none is left out.
     for (std::size_t c = 0; c < cols.size(); ++c)
-      if (cols[c] % every == 0)
+      if (c % every == 0)
         s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", left + cell * (double(c) + 0.5),
                          title_h + axis_h + index_font, cols[c]);
     for (std::size_t r = 0; r < rows.size(); ++r)
-      if (rows[r] % every == 0)
+      if (r % every == 0)
         s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", 18 + index_w - 4,
                          top + cell * (double(r) + 0.5) + index_font * 0.35, rows[r]);
   }

@@ -469,10 +469,11 @@ std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(
     if (std::isfinite(l.accuracy)) accuracy.values[l.step].push_back(l.accuracy);
   }
   ChartLine held_out{.panel = "accuracy", .series = "held out (snapshots)"};
-  for (const auto& snap : h.snapshots) held_out.values[snap.step].push_back(snap.accuracy);
+  for (const auto& snap : h.snapshots)
+    if (std::isfinite(snap.accuracy)) held_out.values[snap.step].push_back(snap.accuracy);
   for (ChartLine* line : {&loss, &accuracy, &held_out})
     if (!line->values.empty()) run.push_back(std::move(*line));
-  rows.push_back({{"training", steps_chart("loss and accuracy", "the training batches (metrics.jsonl); held out: snapshots", run)}});
+  rows.push_back({{"training", steps_chart("loss and accuracy", "the training batches (metrics.jsonl); held out: snapshots", run, false)}});
   if (h.snapshots.empty()) return rows;
   std::vector<ChartLine> heads;
   const auto add = [&](const std::string& panel, const std::string& series, std::size_t step, double v) {
@@ -495,7 +496,7 @@ std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(
     }
     for (const auto& [key, value] : snap.probes) add("probes", key, snap.step, value);
   }
-  rows.back().emplace_back("training-heads", steps_chart("the heads along training", "snapshots.jsonl", heads));
+  rows.back().emplace_back("training-heads", steps_chart("the heads along training", "snapshots.jsonl", heads, false));
   const std::vector<std::size_t> picks = snapshots_to_show(h);
   std::size_t shown = 0;
   for (std::size_t l = 0; l < h.snapshots[0].attention.size() && shown < 8; ++l)

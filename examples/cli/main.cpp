@@ -161,7 +161,7 @@ int run_inspect(const InspectArgs& a) {
       usage("--input", "{} tokens, but the model has {} positions", input.size(), o.model.max_len);
   }
   Inspection in = inspect(*model, *task, input, a.dir);
-  in.history = read_history(a.dir);
+  if (!a.html.empty() || !a.svg.empty()) in.history = read_history(a.dir);  // only the pictures draw it
   if (!a.html.empty()) {
     qkv::nn::write_atomically(a.html, to_html(in));
     fmt::print(stderr, "qkv inspect: wrote {}\n", a.html);

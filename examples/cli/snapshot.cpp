@@ -65,11 +65,20 @@ nlohmann::json Snapshots::take(std::size_t step, const nn::Transformer& model) c
 
 namespace {
 
-// A snapshot's deepest value: {layers: [{heads: [{qk_circuit: [[…]]}]}]}.
-constexpr int max_depth = 8;
-
 // A number as JSON writes it, NaN (a diverged run) as null.
 double number(const nlohmann::json& j) { return j.is_null() ? NAN : j.get<double>(); }
+
+// A fault in one line of a file, which read_history names with the file and the line.
+struct LineFault : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::size_t step_of(const nlohmann::json& j) {
+  const nlohmann::json& step = j.at("step");
+  if (!step.is_number_unsigned() || step.get<std::uint64_t>() > max_steps)
+    throw LineFault(fmt::format("'step' is {}, not a whole number in [0, {}]", step.dump(), max_steps));
+  return step.get<std::size_t>();
+}
 
 }  // namespace
 
@@ -83,7 +92,7 @@ std::vector<nlohmann::json> read_json_lines(const std::string& path) {
     ++number;
     const bool last_cut_short = lines.eof() && !text.ends_with('\n');
     try {
-      nlohmann::json j = nn::detail::parse_json(line, fmt::format("{} (line {})", path, number), max_depth);
+      nlohmann::json j = nn::detail::parse_json(line, fmt::format("{} (line {})", path, number), snapshot_max_depth);
       if (!j.is_object()) throw std::runtime_error(fmt::format("{} (line {}): is a {}, not an object", path, number, j.type_name()));
       out.push_back(std::move(j));
     } catch (const std::runtime_error&) {
@@ -103,17 +112,20 @@ TrainingHistory read_history(const std::string& dir) {
         read(lines[i]);
       } catch (const nlohmann::json::exception& e) {
         throw std::runtime_error(fmt::format("{} (line {}): {}", path, i + 1, e.what()));
+      } catch (const LineFault& e) {
+        throw std::runtime_error(fmt::format("{} (line {}): {}", path, i + 1, e.what()));
       }
     }
   };
   each_line(dir + "/metrics.jsonl", [&](const nlohmann::json& j) {
-    history.logged.push_back({j.at("step").get<std::size_t>(), number(j.at("loss")), number(j.at("accuracy"))});
+    history.logged.push_back({step_of(j), number(j.at("loss")), number(j.at("accuracy"))});
   });
   each_line(dir + "/snapshots.jsonl", [&](const nlohmann::json& j) {
     TrainingHistory::Snapshot s;
-    s.step = j.at("step").get<std::size_t>();
+    s.step = step_of(j);
     s.accuracy = number(j.at("accuracy"));
     s.input = j.at("input").get<std::vector<std::int64_t>>();
+    const std::size_t T = s.input.size();
     for (const nlohmann::json& layer : j.at("layers")) {
       s.sigma.emplace_back();
       s.score_asymmetry.emplace_back();
@@ -122,13 +134,14 @@ TrainingHistory read_history(const std::string& dir) {
         s.sigma.back().push_back(number(head.at("sigma")));
         const nlohmann::json& a = head.at("score_asymmetry");
         s.score_asymmetry.back().push_back(a.is_null() ? std::nullopt : std::optional<double>(number(a)));
+        // Its size checked before anything is allocated for it: T rows of T.
         const nlohmann::json& w = head.at("attention");
-        Array<double> m = xt::zeros<double>({s.input.size(), s.input.size()});
-        if (w.size() != s.input.size()) throw std::runtime_error(fmt::format("{}/snapshots.jsonl: step {}: attention of {} rows for {} tokens", dir, s.step, w.size(), s.input.size()));
-        for (std::size_t r = 0; r < w.size(); ++r) {
-          if (w[r].size() != s.input.size()) throw std::runtime_error(fmt::format("{}/snapshots.jsonl: step {}: attention row of {} for {} tokens", dir, s.step, w[r].size(), s.input.size()));
-          for (std::size_t c = 0; c < w[r].size(); ++c) m(r, c) = w[r][c].is_null() ? NAN : w[r][c].get<double>();
-        }
+        if (!w.is_array() || w.size() != T) throw LineFault(fmt::format("an attention of {} rows for {} tokens", w.size(), T));
+        for (const nlohmann::json& row : w)
+          if (!row.is_array() || row.size() != T) throw LineFault(fmt::format("an attention row of {} for {} tokens", row.size(), T));
+        Array<double> m = xt::zeros<double>({T, T});
+        for (std::size_t r = 0; r < T; ++r)
+          for (std::size_t c = 0; c < T; ++c) m(r, c) = number(w[r][c]);
         s.attention.back().push_back(std::move(m));
       }
     }
@@ -137,6 +150,13 @@ TrainingHistory read_history(const std::string& dir) {
                                c.at("to_layer").get<std::size_t>(), c.at("to_head").get<std::size_t>(), number(c.at("q")),
                                number(c.at("k")), number(c.at("v"))});
     for (const auto& [key, value] : j.at("probes").items()) s.probes.emplace_back(key, number(value));
+    // Every snapshot of a run has the same heads and input as the first.
+    if (!history.snapshots.empty()) {
+      const TrainingHistory::Snapshot& first = history.snapshots.front();
+      bool same = s.input.size() == first.input.size() && s.sigma.size() == first.sigma.size();
+      for (std::size_t l = 0; same && l < s.sigma.size(); ++l) same = s.sigma[l].size() == first.sigma[l].size();
+      if (!same) throw LineFault("other layers, heads or input length than the first snapshot's");
+    }
     history.snapshots.push_back(std::move(s));
   });
   return history;

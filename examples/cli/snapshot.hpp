@@ -19,6 +19,9 @@
 
 namespace qkv::cli {
 
+// How deep a snapshot's JSON nests: {layers: [{heads: [{qk_circuit: [[…]]}]}]}.
+inline constexpr int snapshot_max_depth = 7;
+
 // Whether `step` is 10, 20, 30, 50, 100, … : 1, 2, 3 or 5 times a power of ten, from 10 on.
 bool log_spaced(std::size_t step);
 
@@ -42,8 +45,10 @@ class Snapshots {
 // std::runtime_error naming the file and the line. A file that is not there gives none.
 std::vector<nlohmann::json> read_json_lines(const std::string& path);
 
-// A run folder's metrics.jsonl and snapshots.jsonl (either may be missing: none of it); a line
-// without a field the history needs throws std::runtime_error naming the file, the line and the field.
+// A run folder's metrics.jsonl and snapshots.jsonl (either may be missing: none of it). A line
+// without a field the history needs, with a step past max_steps, or whose snapshot has other
+// layers, heads or input length than the first, throws std::runtime_error naming the file, the
+// line and the fault.
 TrainingHistory read_history(const std::string& dir);
 
 }  // namespace qkv::cli

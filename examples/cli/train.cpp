@@ -237,7 +237,7 @@ void MetricsLog::write(const std::string& line) {
   if (!*out_) throw std::runtime_error(fmt::format("{}: writing failed: {}", path_, std::strerror(errno)));
 }
 
-void truncate_metrics(const std::string& path, std::size_t step) {
+void truncate_metrics(const std::string& path, std::size_t step, int max_depth) {
   std::error_code missing;
   if (!fs::exists(fs::symlink_status(path, missing))) return;
   const std::string text = nn::read_file(path, std::size_t(1) << 30);
@@ -247,7 +247,7 @@ void truncate_metrics(const std::string& path, std::size_t step) {
     // A line past the checkpoint goes, to be written again; a line qkv did not write stays.
     std::optional<std::uint64_t> line_step;
     try {
-      const nlohmann::json j = nn::detail::parse_json(line, path, 1);
+      const nlohmann::json j = nn::detail::parse_json(line, path, max_depth);
       if (j.is_object() && j.contains("step") && j["step"].is_number_unsigned()) line_step = j["step"].get<std::uint64_t>();
     } catch (const std::runtime_error&) {
     }
@@ -283,7 +283,8 @@ Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t bat
 namespace {
 
 // The files of a run folder besides its checkpoint folders; FILE.tmp is a write of one that died.
-const std::vector<std::string> run_files = {"config.json", "metrics.jsonl", "model.safetensors", "optimizer.safetensors"};
+const std::vector<std::string> run_files = {"config.json", "metrics.jsonl", "snapshots.jsonl", "model.safetensors",
+                                            "optimizer.safetensors"};
 
 // A folder a run has written: its config or a checkpoint.
 bool holds_run(const std::string& dir) {
@@ -440,7 +441,8 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
       progress << fmt::format("qkv train: {} has no checkpoint yet; training from step 0\n", folder.path());
     }
     truncate_metrics(metrics_file, first_step);
-    if (o.snapshot_every) truncate_metrics(snapshots_file, first_step);
+    // A run that starts again from step 0 writes its step-0 snapshot again.
+    if (o.snapshot_every && first_step > 0) truncate_metrics(snapshots_file, first_step, snapshot_max_depth);
   } else {
     nn::write_atomically(folder.path() + "/config.json", config_text(o));
   }
@@ -448,7 +450,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   std::optional<MetricsLog> snapshots;
   std::optional<Snapshots> snapshot;
   if (o.snapshot_every) {
-    snapshots.emplace(snapshots_file, !o.resume);
+    snapshots.emplace(snapshots_file, !o.resume || first_step == 0);
     snapshot.emplace(o, *task);
   }
 

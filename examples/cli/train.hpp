@@ -129,9 +129,10 @@ class MetricsLog {
   std::unique_ptr<std::ofstream> out_;
 };
 
-// Cuts a metrics.jsonl back to the lines of steps up to `step` (a resumed run writes the rest
-// again), dropping a line cut short by a kill. Throws std::runtime_error naming the file.
-void truncate_metrics(const std::string& path, std::size_t step);
+// Cuts a metrics.jsonl (or snapshots.jsonl, whose lines nest `max_depth` deep) back to the lines
+// of steps up to `step` (a resumed run writes the rest again), dropping a line cut short by a
+// kill. Throws std::runtime_error naming the file.
+void truncate_metrics(const std::string& path, std::size_t step, int max_depth = 1);
 
 // The key-padding mask of a batch, (B, T) false at the task's pad token, when the model has a
 // bidirectional layer (where real queries would see the padding); 0-d otherwise (a causal query

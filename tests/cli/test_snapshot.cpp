@@ -86,7 +86,10 @@ TEST_CASE("snapshots: each line is the model at its step, and a resumed run writ
   first.stop_after = 25;
   train(first, quiet, false);
   CHECK(steps_of(read_json_lines(first.out + "/snapshots.jsonl")) == std::vector<std::size_t>{0, 10, 20});
-  append(first.out + "/snapshots.jsonl", "{\"step\": 30, \"from\": \"a run killed before its checkpoint\"}\n");
+  // A whole snapshot (nested as deep as any) of step 30, as a run killed before its checkpoint left it.
+  nlohmann::json later = read_json_lines(first.out + "/snapshots.jsonl").back();
+  later["step"] = 30;
+  append(first.out + "/snapshots.jsonl", later.dump() + "\n");
   TrainOptions rest = read_config(first.out);
   CHECK(rest.snapshot_every == 20);
   rest.resume = true;
@@ -119,6 +122,27 @@ TEST_CASE("snapshots: the history of a run folder, a line cut short, a broken li
   nn::write_atomically(file, nn::read_file(file, 1 << 24).substr(0, nn::read_file(file, 1 << 24).find("{\"step\": 40")));
   append(file, "{\"step\": 50}\n");
   CHECK_THROWS_WITH(read_history(o.out), Contains("snapshots.jsonl (line 5)") && Contains("accuracy"));
+
+  // Hostile or inconsistent lines are named, never drawn.
+  nn::write_atomically(file, nn::read_file(file, 1 << 24).substr(0, nn::read_file(file, 1 << 24).find("{\"step\": 50")));
+  const std::string good = nn::read_file(file, 1 << 24);
+  nlohmann::json line = read_json_lines(file).back();
+  for (const auto& [step, why] : {std::pair<nlohmann::json, std::string>{-1, "'step' is -1"},
+                                  {1e300, "'step' is 1e+300"},
+                                  {18446744073709551615ULL, "'step' is 18446744073709551615"}}) {
+    line["step"] = step;
+    nn::write_atomically(file, good + line.dump() + "\n");
+    CHECK_THROWS_WITH(read_history(o.out), Contains("snapshots.jsonl (line 5): " + why));
+  }
+  line["step"] = 40;
+  line["layers"] = nlohmann::json::array();
+  nn::write_atomically(file, good + line.dump() + "\n");
+  CHECK_THROWS_WITH(read_history(o.out), Contains("(line 5): other layers, heads or input length than the first"));
+  line = read_json_lines(file).front();
+  line["input"].push_back(3);
+  nn::write_atomically(file, good + line.dump() + "\n");
+  CHECK_THROWS_WITH(read_history(o.out), Contains("(line 5): an attention of 24 rows for 25 tokens"));
+  nn::write_atomically(file, good);
 
   // The page draws the curves and the attention at a few snapshots.
   const auto task = make_task("induction");

@@ -9,8 +9,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$out"
-"$qkv" train induction --snapshot-every 100 --out "$work/induction" >/dev/null 2>&1
-"$qkv" train brackets --steps 300 --out "$work/brackets" >/dev/null 2>&1
+command -v python3 >/dev/null || { echo "render-reports: no python3; install it with scripts/install-deps --test"; exit 1; }
+# Short runs: the induction circuit forms by step 400.
+train() {
+  "$qkv" train "$@" >"$work/train.log" 2>&1 || { cat "$work/train.log"; exit 1; }
+}
+train induction --steps 600 --snapshot-every 100 --out "$work/induction"
+train brackets --steps 300 --out "$work/brackets"
 for name in induction brackets; do
   "$qkv" inspect "$work/$name" --html "$work/$name.html"
   python3 "$here/render_page.py" "$work/$name.html" "$out/inspect-$name.png"

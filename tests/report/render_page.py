@@ -15,7 +15,7 @@ import base64
 import fcntl
 import json
 import os
-import re
+import pathlib
 import select
 import shutil
 import subprocess
@@ -47,7 +47,8 @@ class Browser:
             [binary, "--headless=new", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
              "--user-data-dir=" + self.profile, "--no-first-run", "--no-default-browser-check",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-extensions", "--host-resolver-rules=MAP * ~NOTFOUND", "about:blank"],
+             "--disable-extensions", "--disable-dev-shm-usage", "--host-resolver-rules=MAP * ~NOTFOUND",
+             "about:blank"],
             preexec_fn=child, close_fds=False, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         for fd in (commands_r, replies_w, commands_r_high, replies_w_high):
             os.close(fd)
@@ -146,7 +147,7 @@ def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     page, screenshot = sys.argv[1], sys.argv[2]
-    url = "file://" + os.path.abspath(page)
+    url = pathlib.Path(page).resolve().as_uri()
     size = os.path.getsize(page)
     browser = Browser()
     problems = []
