@@ -43,4 +43,11 @@ Tensor HookPoints::run(std::string_view local, Tensor value) const {
   return value;
 }
 
+void add_hook(const std::vector<HookPoints*>& points, const std::string& name, ForwardHook hook, std::string_view owner,
+              const std::vector<std::string>& names) {
+  for (HookPoints* p : points)
+    if (p->has(name)) return p->add(name, std::move(hook));
+  fail(owner, "no hook point '{}'; this model has {}", name, fmt::join(names, ", "));
+}
+
 }  // namespace qkv::nn

@@ -57,4 +57,9 @@ class HookPoints {
   std::vector<std::pair<std::string, ForwardHook>> hooks_;  // by local name
 };
 
+// Adds `hook` to whichever of a model's `points` has the point `name`; std::invalid_argument
+// naming the model (`owner`), the point and the model's points when none has.
+void add_hook(const std::vector<HookPoints*>& points, const std::string& name, ForwardHook hook, std::string_view owner,
+              const std::vector<std::string>& names);
+
 }  // namespace qkv::nn

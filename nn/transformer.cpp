@@ -22,18 +22,6 @@ template <class... Args>
   throw ConfigError(std::move(field), fmt::format(text, std::forward<Args>(args)...));
 }
 
-MultiHeadAttentionOptions attention_options(const TransformerConfig& c) {
-  MultiHeadAttentionOptions o;
-  o.d_model = c.d_model;
-  o.n_heads = c.heads;
-  o.n_kv_heads = c.kv_heads;
-  o.d_head = c.d_head;
-  o.qk = c.qk;
-  o.proj = c.proj;
-  o.dtype = c.dtype;
-  if (!c.scale) o.scale = 1.0;
-  return o;
-}
 
 const TransformerConfig& checked(const TransformerConfig& c) {
   check(c);
@@ -160,7 +148,7 @@ constexpr std::size_t block_points_before_attention = 2;
 
 std::vector<std::string> block_hook_names(bool mlp) {
   std::vector<std::string> names = {"hook_resid_pre", "ln1.hook_normalized", "hook_attn_out"};
-  if (mlp) names.insert(names.end(), {"hook_resid_mid", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out"});
+  if (mlp) for (const std::string& n : detail::mlp_hook_names()) names.push_back(n);
   names.push_back("hook_resid_post");
   return names;
 }
@@ -177,18 +165,63 @@ std::vector<std::string> model_hook_names(Readout readout) {
 }  // namespace
 
 TransformerBlock::TransformerBlock(const TransformerConfig& c, Generator& gen)
-    : ln1(c.d_model, 1e-5, true, c.dtype), attn(attention_options(c), gen), hooks(block_hook_names(c.mlp)) {
+    : ln1(c.d_model, 1e-5, true, c.dtype), attn(detail::attention_options(c), gen), hooks(block_hook_names(c.mlp)) {
   register_module("ln1", ln1);
   register_module("attn", attn);
   if (c.mlp) {
-    ln2 = std::make_unique<LayerNorm>(c.d_model, 1e-5, true, c.dtype);
-    fc = std::make_unique<Linear>(c.d_model, 4 * c.d_model, true, c.dtype, gen);
-    proj = std::make_unique<Linear>(4 * c.d_model, c.d_model, true, c.dtype, gen);
+    detail::make_mlp(c.d_model, c.dtype, gen, ln2, fc, proj);
     register_module("ln2", *ln2);
     register_module("fc", *fc);
     register_module("proj", *proj);
   }
 }
+
+Tensor TransformerBlock::forward(const Tensor& x_in, const AttentionMask& mask, bool need_weights, AttentionResult* attention,
+                                 Tensor* input) const {
+  Tensor x = hooks.run("hook_resid_pre", x_in);
+  const Tensor normalized = hooks.run("ln1.hook_normalized", ln1(x));
+  AttentionResult r = attn.forward(normalized, mask, need_weights);
+  r.output = hooks.run("hook_attn_out", r.output);
+  x = detail::mlp_residual(x + r.output, ln2.get(), fc.get(), proj.get(), hooks);
+  if (attention) *attention = std::move(r);
+  if (input) *input = normalized;
+  return hooks.run("hook_resid_post", x);
+}
+
+namespace detail {
+
+MultiHeadAttentionOptions attention_options(const TransformerConfig& c) {
+  MultiHeadAttentionOptions o;
+  o.d_model = c.d_model;
+  o.n_heads = c.heads;
+  o.n_kv_heads = c.kv_heads;
+  o.d_head = c.d_head;
+  o.qk = c.qk;
+  o.proj = c.proj;
+  o.dtype = c.dtype;
+  if (!c.scale) o.scale = 1.0;
+  return o;
+}
+
+void make_mlp(std::size_t d_model, DType dtype, Generator& gen, std::unique_ptr<LayerNorm>& ln2, std::unique_ptr<Linear>& fc,
+              std::unique_ptr<Linear>& proj) {
+  ln2 = std::make_unique<LayerNorm>(d_model, 1e-5, true, dtype);
+  fc = std::make_unique<Linear>(d_model, 4 * d_model, true, dtype, gen);
+  proj = std::make_unique<Linear>(4 * d_model, d_model, true, dtype, gen);
+}
+
+std::vector<std::string> mlp_hook_names() {
+  return {"hook_resid_mid", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out"};
+}
+
+Tensor mlp_residual(const Tensor& x_in, const LayerNorm* ln2, const Linear* fc, const Linear* proj, const HookPoints& h) {
+  if (!fc) return x_in;
+  const Tensor x = h.run("hook_resid_mid", x_in);
+  const Tensor pre = h.run("mlp.hook_pre", (*fc)(h.run("ln2.hook_normalized", (*ln2)(x))));
+  return x + h.run("hook_mlp_out", (*proj)(h.run("mlp.hook_post", gelu(pre))));
+}
+
+}  // namespace detail
 
 Transformer::Transformer(const TransformerConfig& c, Generator& gen)
     : tok(checked(c).vocab_size, c.d_model, c.dtype, gen),
@@ -247,21 +280,10 @@ TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weigh
   const bool pointer = config_.readout == Readout::pointer;
   AttentionMask mask{.key_padding = key_padding};  // one copy of the padding for every layer
   for (std::size_t l = 0; l < blocks.size(); ++l) {
-    const TransformerBlock& b = *blocks[l];
-    const HookPoints& h = b.hooks;
-    x = h.run("hook_resid_pre", x);
-    f.inputs.push_back(h.run("ln1.hook_normalized", b.ln1(x)));
     mask.causal = causal(l);
-    AttentionResult r = b.attn.forward(f.inputs.back(), mask, need_weights || (pointer && l + 1 == blocks.size()));
-    r.output = h.run("hook_attn_out", r.output);
-    x = x + r.output;
-    if (b.fc) {
-      x = h.run("hook_resid_mid", x);
-      const Tensor pre = h.run("mlp.hook_pre", (*b.fc)(h.run("ln2.hook_normalized", (*b.ln2)(x))));
-      x = x + h.run("hook_mlp_out", (*b.proj)(h.run("mlp.hook_post", gelu(pre))));
-    }
-    x = h.run("hook_resid_post", x);
-    f.attention.push_back(std::move(r));
+    f.attention.emplace_back();
+    f.inputs.emplace_back();
+    x = blocks[l]->forward(x, mask, need_weights || (pointer && l + 1 == blocks.size()), &f.attention.back(), &f.inputs.back());
   }
   if (pointer) {
     const Tensor& s = f.attention.back().scores;  // (B, H, T, T)
@@ -294,9 +316,7 @@ std::vector<std::string> Transformer::hook_names() const {
 }
 
 void Transformer::add_hook(const std::string& name, ForwardHook hook) {
-  for (HookPoints* points : hook_points())
-    if (points->has(name)) return points->add(name, std::move(hook));
-  fail("Transformer", "no hook point '{}'; this model has {}", name, fmt::join(hook_names(), ", "));
+  nn::add_hook(hook_points(), name, std::move(hook), "Transformer", hook_names());
 }
 
 void Transformer::reset_hooks() {

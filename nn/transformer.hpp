@@ -126,7 +126,26 @@ class TransformerBlock : public Module {
   // ln2.hook_normalized, mlp.hook_pre (fc's output), mlp.hook_post (after GELU) and hook_mlp_out,
   // then hook_resid_post: each (B, T, width). A Transformer names them blocks.L.hook_resid_pre …
   HookPoints hooks;
+
+  // The block on the residual stream x (B, T, d_model), through its hooks: x + attn(ln1(x)), then
+  // x + mlp(ln2(x)) with the MLP. `attention` receives the attention's result, `input` what it
+  // read, ln1(x).
+  Tensor forward(const Tensor& x, const AttentionMask& mask, bool need_weights, AttentionResult* attention = nullptr,
+                 Tensor* input = nullptr) const;
 };
+
+namespace detail {
+// The options of a block's attention.
+MultiHeadAttentionOptions attention_options(const TransformerConfig& config);
+// x + proj(gelu(fc(ln2(x)))) through the points hook_resid_mid, ln2.hook_normalized, mlp.hook_pre,
+// mlp.hook_post and hook_mlp_out of `hooks`; x itself without the MLP (fc null).
+Tensor mlp_residual(const Tensor& x, const LayerNorm* ln2, const Linear* fc, const Linear* proj, const HookPoints& hooks);
+// The hook points of a block's MLP, in order.
+std::vector<std::string> mlp_hook_names();
+// A block's MLP: ln2, fc (d_model → 4·d_model) and proj (back), drawn from `gen`.
+void make_mlp(std::size_t d_model, DType dtype, Generator& gen, std::unique_ptr<LayerNorm>& ln2, std::unique_ptr<Linear>& fc,
+              std::unique_ptr<Linear>& proj);
+}  // namespace detail
 
 // What Transformer::run_with_cache returns: the forward's output, and the activation at each hook
 // point, in the order the forward reached them, detached from the graph.

@@ -4,6 +4,7 @@
 
 #include "qkv/core/ops.hpp"
 #include "qkv/nn/attention.hpp"
+#include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
 
 namespace qkv::cli {
@@ -220,6 +221,46 @@ void add_transformer_cases(Catalogue& c) {
   });
 }
 
+// The encoder–decoder, with respect to every parameter, through its loss: with and without the
+// MLP and source padding, tied projections (one matrix reading the decoder's stream for queries
+// and the encoder's for keys in cross-attention), and a hook on every point.
+void add_encoder_decoder_cases(Catalogue& c) {
+  using namespace nn;
+  const auto config = [](auto edit) {
+    EncoderDecoderConfig t{.src_vocab = 5, .tgt_vocab = 4, .max_src_len = 5, .max_tgt_len = 4, .encoder_layers = 2,
+                           .decoder_layers = 2, .d_model = 8, .heads = 2, .dtype = DType::float64};
+    edit(t);
+    return t;
+  };
+  const std::vector<std::tuple<std::string, EncoderDecoderConfig, bool, bool>> configs = {
+      {"EncoderDecoder", config([](auto&) {}), false, false},
+      {"EncoderDecoder MLP, source padding", config([](auto& t) { t.mlp = true; }), true, false},
+      {"EncoderDecoder tied, sinusoidal positions", config([](auto& t) { t.qk = QK::tied; t.positions = Positions::sinusoidal; }),
+       false, false},
+      {"EncoderDecoder MLP, hooks everywhere", config([](auto& t) { t.mlp = true; }), true, true},
+  };
+  for (const auto& [name, cfg_, padded_, hooked_] : configs) {
+    const EncoderDecoderConfig cfg = cfg_;  // copies the lambda keeps (Clang captures no structured binding)
+    const bool padded = padded_, hooked = hooked_;
+    c.add_setup("EncoderDecoder", name, [cfg, padded, hooked](Generator& g) {
+      auto m = std::make_shared<EncoderDecoder>(cfg, g);
+      if (hooked)
+        for (const std::string& point : m->hook_names())
+          m->add_hook(point, [](const Tensor& v, const std::string&) { return v * 0.9; });
+      const IndexArray source{{0, 3, 1, 4, 2}, {4, 4, 0, 1, 3}}, input{{0, 2, 1, 3}, {0, 1, 1, 2}};
+      const IndexArray targets{{2, 1, 3, -100}, {1, -100, 2, 0}};
+      MaskArray padding;
+      if (padded) padding = MaskArray{{true, true, true, true, true}, {true, true, true, false, false}};
+      Inputs params;
+      for (const Tensor& p : m->parameters())
+        if (p.requires_grad()) params.push_back(p);
+      return std::pair(params, GradcheckFunction([m, source, input, targets, padding](const Inputs&) {
+                         return m->loss(m->forward(source, input, false, padding), targets);
+                       }));
+    });
+  }
+}
+
 std::vector<GradcheckCase> build() {
   Catalogue c;
   const auto two = [](Shape a, Shape b) {
@@ -368,6 +409,7 @@ std::vector<GradcheckCase> build() {
 
   add_module_cases(c);
   add_transformer_cases(c);
+  add_encoder_decoder_cases(c);
   return std::move(c.cases);
 }
 

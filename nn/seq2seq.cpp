@@ -1,0 +1,226 @@
+#include "qkv/nn/seq2seq.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "qkv/core/ops.hpp"
+#include "qkv/core/shape.hpp"
+
+namespace qkv::nn {
+
+namespace {
+
+const EncoderDecoderConfig& checked(const EncoderDecoderConfig& c) {
+  check(c);
+  return c;
+}
+
+std::vector<std::string> decoder_hook_names(bool mlp) {
+  std::vector<std::string> names = {"hook_resid_pre", "ln1.hook_normalized", "hook_attn_out", "ln_cross.hook_normalized",
+                                    "hook_cross_attn_out"};
+  if (mlp) for (const std::string& n : detail::mlp_hook_names()) names.push_back(n);
+  names.push_back("hook_resid_post");
+  return names;
+}
+
+// The points of a block before its (first) attention's, and, in a decoder block, before its
+// cross-attention's.
+constexpr std::size_t points_before_attention = 2, points_before_cross_attention = 4;
+
+// Token ids (B, T) of one side, checked: 2-d, at most `max_len` positions, ids below `vocab`.
+void check_tokens(const IndexArray& tokens, const char* side, std::size_t max_len, std::size_t vocab) {
+  if (tokens.dimension() != 2)
+    fail("EncoderDecoder", "{} of shape {}: expected (batch, positions)", side, to_string(to_shape(tokens.shape())));
+  if (tokens.shape()[1] > max_len)
+    fail("EncoderDecoder", "{} of {} positions, beyond its {}", side, tokens.shape()[1], max_len);
+  for (std::int64_t t : tokens)
+    if (t < 0 || std::size_t(t) >= vocab) fail("EncoderDecoder", "{} token {} is outside its vocabulary of {}", side, t, vocab);
+}
+
+// Token embeddings plus the first T rows of the position table, through the side's hooks.
+Tensor embed(const Embedding& tok, const Tensor& table, const HookPoints& hooks, const IndexArray& tokens) {
+  const std::size_t T = tokens.shape()[1];
+  Tensor positions = slice(table, 0, 0, std::int64_t(T));
+  if (!hooks.empty()) {  // a hook sees them per sequence, (B, T, D)
+    const std::vector<Tensor> copies(tokens.shape()[0], reshape(positions, {1, std::int64_t(T), -1}));
+    positions = concat(copies, 0);
+  }
+  return hooks.run("hook_embed", tok(tokens)) + hooks.run("hook_pos_embed", positions);
+}
+
+}  // namespace
+
+TransformerConfig encoder_block_config(const EncoderDecoderConfig& c) {
+  TransformerConfig t{.vocab_size = c.src_vocab, .n_classes = c.tgt_vocab, .max_len = c.max_src_len, .causal = false};
+  t.layers = c.encoder_layers, t.d_model = c.d_model, t.heads = c.heads, t.d_head = c.d_head, t.qk = c.qk, t.proj = c.proj;
+  t.mlp = c.mlp, t.positions = c.positions, t.dtype = c.dtype;
+  return t;
+}
+
+void check(const EncoderDecoderConfig& c) {
+  const auto error = [](const char* field, const std::string& text) { throw ConfigError(field, text); };
+  if (c.src_vocab == 0) error("src_vocab", "is 0: the encoder needs at least one token");
+  if (c.tgt_vocab == 0) error("tgt_vocab", "is 0: the decoder needs at least one token");
+  if (c.max_src_len == 0) error("max_src_len", "is 0: the encoder needs at least one position");
+  if (c.max_tgt_len == 0) error("max_tgt_len", "is 0: the decoder needs at least one position");
+  if (c.encoder_layers == 0) error("encoder_layers", "is 0: the model needs at least one encoder layer");
+  if (c.decoder_layers == 0) error("decoder_layers", "is 0: the model needs at least one decoder layer");
+  check(encoder_block_config(c));  // the attention's own constraints, as the decoder-only model words them
+}
+
+DecoderBlock::DecoderBlock(const EncoderDecoderConfig& c, Generator& gen)
+    : ln1(c.d_model, 1e-5, true, c.dtype),
+      self_attn(detail::attention_options(encoder_block_config(c)), gen),
+      ln_cross(c.d_model, 1e-5, true, c.dtype),
+      cross_attn(detail::attention_options(encoder_block_config(c)), gen),
+      hooks(decoder_hook_names(c.mlp)) {
+  register_module("ln1", ln1);
+  register_module("self_attn", self_attn);
+  register_module("ln_cross", ln_cross);
+  register_module("cross_attn", cross_attn);
+  if (c.mlp) {
+    detail::make_mlp(c.d_model, c.dtype, gen, ln2, fc, proj);
+    register_module("ln2", *ln2);
+    register_module("fc", *fc);
+    register_module("proj", *proj);
+  }
+}
+
+Tensor DecoderBlock::forward(const Tensor& y_in, const Tensor& memory, const MaskArray& memory_padding, bool need_weights,
+                             AttentionResult* self, AttentionResult* cross) const {
+  Tensor y = hooks.run("hook_resid_pre", y_in);
+  AttentionResult s = self_attn.forward(hooks.run("ln1.hook_normalized", ln1(y)), {.causal = true}, need_weights);
+  y = y + hooks.run("hook_attn_out", s.output);
+  AttentionResult c = cross_attn.forward(hooks.run("ln_cross.hook_normalized", ln_cross(y)), memory, memory,
+                                         {.causal = false, .key_padding = memory_padding}, need_weights);
+  y = detail::mlp_residual(y + hooks.run("hook_cross_attn_out", c.output), ln2.get(), fc.get(), proj.get(), hooks);
+  if (self) *self = std::move(s);
+  if (cross) *cross = std::move(c);
+  return hooks.run("hook_resid_post", y);
+}
+
+EncoderDecoder::EncoderDecoder(const EncoderDecoderConfig& c, Generator& gen)
+    : src_tok(checked(c).src_vocab, c.d_model, c.dtype, gen),
+      tgt_tok(c.tgt_vocab, c.d_model, c.dtype, gen),
+      ln_enc(c.d_model, 1e-5, true, c.dtype),
+      ln_f(c.d_model, 1e-5, true, c.dtype),
+      head(c.d_model, c.tgt_vocab, true, c.dtype, gen),
+      config_(c),
+      encoder_hooks_({"hook_embed", "hook_pos_embed"}, "encoder."),
+      decoder_hooks_({"hook_embed", "hook_pos_embed"}, "decoder.") {
+  register_module("src_tok", src_tok);
+  register_module("tgt_tok", tgt_tok);
+  if (c.positions == Positions::learned) {
+    src_pos = std::make_unique<LearnedPositionalEncoding>(c.max_src_len, c.d_model, c.dtype, gen);
+    tgt_pos = std::make_unique<LearnedPositionalEncoding>(c.max_tgt_len, c.d_model, c.dtype, gen);
+    register_module("src_pos", *src_pos);
+    register_module("tgt_pos", *tgt_pos);
+  } else {
+    src_sinusoids = std::make_unique<SinusoidalPositionalEncoding>(c.max_src_len, c.d_model);
+    tgt_sinusoids = std::make_unique<SinusoidalPositionalEncoding>(c.max_tgt_len, c.d_model);
+  }
+  for (std::size_t l = 0; l < c.encoder_layers; ++l) {
+    encoder.push_back(std::make_unique<TransformerBlock>(encoder_block_config(c), gen));
+    register_module("encoder." + std::to_string(l), *encoder.back());
+    encoder.back()->hooks.set_prefix(fmt::format("encoder.blocks.{}.", l));
+    encoder.back()->attn.hooks.set_prefix(fmt::format("encoder.blocks.{}.attn.", l));
+  }
+  register_module("ln_enc", ln_enc);
+  for (std::size_t l = 0; l < c.decoder_layers; ++l) {
+    decoder.push_back(std::make_unique<DecoderBlock>(c, gen));
+    register_module("decoder." + std::to_string(l), *decoder.back());
+    decoder.back()->hooks.set_prefix(fmt::format("decoder.blocks.{}.", l));
+    decoder.back()->self_attn.hooks.set_prefix(fmt::format("decoder.blocks.{}.attn.", l));
+    decoder.back()->cross_attn.hooks.set_prefix(fmt::format("decoder.blocks.{}.cross_attn.", l));
+  }
+  register_module("ln_f", ln_f);
+  register_module("head", head);
+}
+
+Tensor EncoderDecoder::src_position_table() const {
+  return src_pos ? src_pos->weight : src_sinusoids->table(src_tok.weight.dtype());
+}
+
+Tensor EncoderDecoder::tgt_position_table() const {
+  return tgt_pos ? tgt_pos->weight : tgt_sinusoids->table(tgt_tok.weight.dtype());
+}
+
+Tensor EncoderDecoder::encode(const IndexArray& source, const MaskArray& source_padding,
+                              std::vector<AttentionResult>* attention, bool need_weights) const {
+  check_tokens(source, "source", config_.max_src_len, config_.src_vocab);
+  Tensor x = embed(src_tok, src_position_table(), encoder_hooks_, source);
+  const AttentionMask mask{.causal = false, .key_padding = source_padding};
+  for (const auto& block : encoder) {
+    AttentionResult r;
+    x = block->forward(x, mask, need_weights, &r);
+    if (attention) attention->push_back(std::move(r));
+  }
+  return ln_enc(x);
+}
+
+EncoderDecoderOutput EncoderDecoder::forward(const IndexArray& source, const IndexArray& decoder_input, bool need_weights,
+                                             const MaskArray& source_padding) const {
+  check_tokens(decoder_input, "decoder input", config_.max_tgt_len, config_.tgt_vocab);
+  if (decoder_input.shape()[0] != source.shape()[0])
+    fail("EncoderDecoder", "a decoder input of {} sequences for a source of {}", decoder_input.shape()[0], source.shape()[0]);
+  EncoderDecoderOutput f;
+  f.memory = encode(source, source_padding, &f.encoder_attention, need_weights);
+  Tensor y = embed(tgt_tok, tgt_position_table(), decoder_hooks_, decoder_input);
+  for (const auto& block : decoder) {
+    f.decoder_attention.emplace_back();
+    f.cross_attention.emplace_back();
+    y = block->forward(y, f.memory, source_padding, need_weights, &f.decoder_attention.back(), &f.cross_attention.back());
+  }
+  f.logits = head(ln_f(y));
+  return f;
+}
+
+Tensor EncoderDecoder::loss(const EncoderDecoderOutput& f, const IndexArray& targets, std::int64_t ignore_index) const {
+  const std::int64_t classes = std::int64_t(f.logits.size(-1));
+  const IndexArray flat = xt::reshape_view(targets, Shape{targets.size()});
+  return cross_entropy(reshape(f.logits, {-1, classes}), flat, ignore_index);
+}
+
+std::vector<HookPoints*> EncoderDecoder::hook_points() {
+  std::vector<HookPoints*> out = {&encoder_hooks_};
+  for (const auto& b : encoder) out.insert(out.end(), {&b->hooks, &b->attn.hooks});
+  out.push_back(&decoder_hooks_);
+  for (const auto& b : decoder) out.insert(out.end(), {&b->hooks, &b->self_attn.hooks, &b->cross_attn.hooks});
+  return out;
+}
+
+std::vector<std::string> EncoderDecoder::hook_names() const {
+  // In the order a forward reaches them: a block's attention points after its hook_resid_pre, the
+  // decoder's cross-attention points after its hook_attn_out.
+  std::vector<std::string> names = encoder_hooks_.names();
+  const auto append = [&](const std::vector<std::string>& v, std::size_t from, std::size_t to) {
+    names.insert(names.end(), v.begin() + std::ptrdiff_t(from), v.begin() + std::ptrdiff_t(to));
+  };
+  for (const auto& b : encoder) {
+    const auto own = b->hooks.names(), attn = b->attn.hooks.names();
+    append(own, 0, points_before_attention);
+    append(attn, 0, attn.size());
+    append(own, points_before_attention, own.size());
+  }
+  const auto decoder_own = decoder_hooks_.names();
+  append(decoder_own, 0, decoder_own.size());
+  for (const auto& b : decoder) {
+    const auto own = b->hooks.names(), self = b->self_attn.hooks.names(), cross = b->cross_attn.hooks.names();
+    append(own, 0, points_before_attention);
+    append(self, 0, self.size());
+    append(own, points_before_attention, points_before_cross_attention);
+    append(cross, 0, cross.size());
+    append(own, points_before_cross_attention, own.size());
+  }
+  return names;
+}
+
+void EncoderDecoder::add_hook(const std::string& name, ForwardHook hook) {
+  nn::add_hook(hook_points(), name, std::move(hook), "EncoderDecoder", hook_names());
+}
+
+void EncoderDecoder::reset_hooks() {
+  for (HookPoints* points : hook_points()) points->clear();
+}
+
+}  // namespace qkv::nn

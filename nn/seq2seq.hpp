@@ -1,0 +1,136 @@
+#pragma once
+// An encoder–decoder transformer, as in translation (Vaswani et al. 2017), pre-LayerNorm:
+//
+//   source (B, S) → embedding + positions → encoder blocks            → memory (B, S, d_model)
+//     encoder block:  x = x + self_attn(ln1(x))          (bidirectional; padding keys masked)
+//   target (B, T) → embedding + positions → decoder blocks → ln_f → head → logits (B, T, tgt_vocab)
+//     decoder block:  y = y + self_attn(ln1(y))          (causal)
+//                     y = y + cross_attn(ln_cross(y), memory)   (queries from the decoder, keys
+//                                                                and values from the encoder)
+//   each block with the MLP also  x = x + proj(gelu(fc(ln2(x)))).
+//
+// The decoder reads the target shifted right (teacher forcing): its input at t is the output token
+// of t − 1, or the start token at 0; `loss` scores each position's logits against the output token.
+//
+//   nn::EncoderDecoderConfig config{.src_vocab = 12, .tgt_vocab = 12, .max_src_len = 8, .max_tgt_len = 9};
+//   nn::EncoderDecoder model(config, gen);
+//   auto out = model.forward(source, decoder_input);   // out.logits (B, T, tgt_vocab)
+//   Tensor loss = model.loss(out, targets);             // cross-entropy, -100 ignored
+//
+// Parameter names: src_tok.weight, tgt_tok.weight, src_pos.weight, tgt_pos.weight (learned
+// positions), encoder.L.ln1.*, encoder.L.attn.{q,k,v,out}_proj.*, decoder.L.ln1.*,
+// decoder.L.self_attn.*, decoder.L.ln_cross.*, decoder.L.cross_attn.*, {encoder,decoder}.L.{ln2,fc,proj}.*
+// with the MLP, ln_enc.* (the memory's LayerNorm), ln_f.*, head.*.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/core/random.hpp"
+#include "qkv/nn/attention.hpp"
+#include "qkv/nn/hooks.hpp"
+#include "qkv/nn/layers.hpp"
+#include "qkv/nn/transformer.hpp"
+
+namespace qkv::nn {
+
+struct EncoderDecoderConfig {
+  std::size_t src_vocab = 0, tgt_vocab = 0;      // token ids 0 … vocab − 1
+  std::size_t max_src_len = 0, max_tgt_len = 0;  // positions of each side
+  std::size_t encoder_layers = 1, decoder_layers = 1, d_model = 32, heads = 2;
+  std::size_t d_head = 0;  // 0: d_model / heads
+  // Every attention's projections: untied, or tied (W_k = W_q; in cross-attention one matrix then
+  // reads two different streams, the decoder's for queries and the encoder's for keys).
+  QK qk = QK::untied;
+  Projection proj = Projection::learned;
+  bool mlp = false;
+  Positions positions = Positions::learned;
+  DType dtype = DType::float32;
+};
+
+// Throws ConfigError naming the field for a config that cannot build a model (a size of 0, heads
+// that do not divide d_model without d_head, symmetric q and k with d_head 1, identity
+// projections whose heads do not tile d_model).
+void check(const EncoderDecoderConfig& config);
+
+// The config of the encoder's blocks, which are a bidirectional Transformer's.
+TransformerConfig encoder_block_config(const EncoderDecoderConfig& config);
+
+class DecoderBlock : public Module {
+ public:
+  DecoderBlock(const EncoderDecoderConfig& config, Generator& gen);
+  LayerNorm ln1;
+  MultiHeadAttention self_attn;
+  LayerNorm ln_cross;
+  MultiHeadAttention cross_attn;
+  std::unique_ptr<LayerNorm> ln2;  // with the MLP
+  std::unique_ptr<Linear> fc, proj;
+  // hook_resid_pre, ln1.hook_normalized, hook_attn_out, ln_cross.hook_normalized,
+  // hook_cross_attn_out, with the MLP hook_resid_mid, ln2.hook_normalized, mlp.hook_pre,
+  // mlp.hook_post and hook_mlp_out, then hook_resid_post (B, T, width); named
+  // decoder.blocks.L.hook_resid_pre …
+  HookPoints hooks;
+
+  // The block on the decoder's stream y (B, T, d_model) with the encoder's memory (B, S, d_model):
+  // y + self_attn(ln1(y)) (causal), y + cross_attn(ln_cross(y), memory), then the MLP.
+  Tensor forward(const Tensor& y, const Tensor& memory, const MaskArray& memory_padding, bool need_weights,
+                 AttentionResult* self = nullptr, AttentionResult* cross = nullptr) const;
+};
+
+struct EncoderDecoderOutput {
+  Tensor logits;  // (B, T, tgt_vocab)
+  Tensor memory;  // the encoder's output after ln_enc, (B, S, d_model)
+  // Per layer, with need_weights: weights and scores (B, H, ·, ·) and each head's output.
+  std::vector<AttentionResult> encoder_attention, decoder_attention, cross_attention;
+};
+
+class EncoderDecoder : public Module {
+ public:
+  // Checks the config (ConfigError), then draws the parameters from `gen`.
+  explicit EncoderDecoder(const EncoderDecoderConfig& config, Generator& gen = default_generator());
+
+  // source (B, S) with S ≤ max_src_len, ids < src_vocab; decoder_input (B, T) with T ≤
+  // max_tgt_len, ids < tgt_vocab (else std::invalid_argument naming the side and the fault).
+  // source_padding (B, S): false for a padding position, which no query of the encoder or the
+  // decoder attends (0-d: none).
+  EncoderDecoderOutput forward(const IndexArray& source, const IndexArray& decoder_input, bool need_weights = false,
+                               const MaskArray& source_padding = MaskArray()) const;
+  // The memory alone: the encoder's output after ln_enc, (B, S, d_model).
+  Tensor encode(const IndexArray& source, const MaskArray& source_padding = MaskArray(),
+                std::vector<AttentionResult>* attention = nullptr, bool need_weights = false) const;
+  // Mean cross-entropy of the logits against targets (B, T), over positions whose target is not
+  // ignore_index.
+  Tensor loss(const EncoderDecoderOutput& output, const IndexArray& targets, std::int64_t ignore_index = -100) const;
+
+  // Hook points in the order a forward reaches them: encoder.hook_embed, encoder.hook_pos_embed,
+  // per encoder layer a Transformer block's (encoder.blocks.L.hook_resid_pre,
+  // encoder.blocks.L.ln1.hook_normalized, encoder.blocks.L.attn.hook_q … hook_z, …); then
+  // decoder.hook_embed, decoder.hook_pos_embed, per decoder layer decoder.blocks.L.hook_resid_pre,
+  // ln1.hook_normalized, attn.hook_q … hook_z (its self-attention), hook_attn_out,
+  // ln_cross.hook_normalized, cross_attn.hook_q … hook_z (keys and values from the memory),
+  // hook_cross_attn_out, the MLP's points and hook_resid_post.
+  std::vector<std::string> hook_names() const;
+  // Adds `hook` to the point `name`; std::invalid_argument naming it when there is none.
+  void add_hook(const std::string& name, ForwardHook hook);
+  void reset_hooks();
+
+  const EncoderDecoderConfig& config() const { return config_; }
+  Tensor src_position_table() const;  // (max_src_len, d_model)
+  Tensor tgt_position_table() const;  // (max_tgt_len, d_model)
+
+  Embedding src_tok, tgt_tok;
+  std::unique_ptr<LearnedPositionalEncoding> src_pos, tgt_pos;         // learned positions
+  std::unique_ptr<SinusoidalPositionalEncoding> src_sinusoids, tgt_sinusoids;  // fixed positions
+  std::vector<std::unique_ptr<TransformerBlock>> encoder;
+  LayerNorm ln_enc;
+  std::vector<std::unique_ptr<DecoderBlock>> decoder;
+  LayerNorm ln_f;
+  Linear head;
+
+ private:
+  std::vector<HookPoints*> hook_points();
+  EncoderDecoderConfig config_;
+  HookPoints encoder_hooks_, decoder_hooks_;  // {encoder,decoder}.hook_embed, .hook_pos_embed
+};
+
+}  // namespace qkv::nn
