@@ -37,17 +37,6 @@ void check_tokens(const IndexArray& tokens, const char* side, std::size_t max_le
     if (t < 0 || std::size_t(t) >= vocab) fail("EncoderDecoder", "{} token {} is outside its vocabulary of {}", side, t, vocab);
 }
 
-// Token embeddings plus the first T rows of the position table, through the side's hooks.
-Tensor embed(const Embedding& tok, const Tensor& table, const HookPoints& hooks, const IndexArray& tokens) {
-  const std::size_t T = tokens.shape()[1];
-  Tensor positions = slice(table, 0, 0, std::int64_t(T));
-  if (!hooks.empty()) {  // a hook sees them per sequence, (B, T, D)
-    const std::vector<Tensor> copies(tokens.shape()[0], reshape(positions, {1, std::int64_t(T), -1}));
-    positions = concat(copies, 0);
-  }
-  return hooks.run("hook_embed", tok(tokens)) + hooks.run("hook_pos_embed", positions);
-}
-
 }  // namespace
 
 TransformerConfig encoder_block_config(const EncoderDecoderConfig& c) {
@@ -87,12 +76,15 @@ DecoderBlock::DecoderBlock(const EncoderDecoderConfig& c, Generator& gen)
 }
 
 Tensor DecoderBlock::forward(const Tensor& y_in, const Tensor& memory, const MaskArray& memory_padding, bool need_weights,
-                             AttentionResult* self, AttentionResult* cross) const {
+                             AttentionResult* self, AttentionResult* cross, KVCache* self_cache, KVCache* cross_cache) const {
   Tensor y = hooks.run("hook_resid_pre", y_in);
-  AttentionResult s = self_attn.forward(hooks.run("ln1.hook_normalized", ln1(y)), {.causal = true}, need_weights);
+  AttentionResult s = self_attn.forward(hooks.run("ln1.hook_normalized", ln1(y)), {.causal = true}, need_weights, self_cache);
   y = y + hooks.run("hook_attn_out", s.output);
-  AttentionResult c = cross_attn.forward(hooks.run("ln_cross.hook_normalized", ln_cross(y)), memory, memory,
-                                         {.causal = false, .key_padding = memory_padding}, need_weights);
+  // The memory's keys and values, once: after the first step the cache holds them, and no new
+  // position is projected.
+  const Tensor source = cross_cache && cross_cache->length() > 0 ? slice(memory, 1, 0, 0) : memory;
+  AttentionResult c = cross_attn.forward(hooks.run("ln_cross.hook_normalized", ln_cross(y)), source, source,
+                                         {.causal = false, .key_padding = memory_padding}, need_weights, cross_cache);
   y = detail::mlp_residual(y + hooks.run("hook_cross_attn_out", c.output), ln2.get(), fc.get(), proj.get(), hooks);
   if (self) *self = std::move(s);
   if (cross) *cross = std::move(c);
@@ -148,7 +140,7 @@ Tensor EncoderDecoder::tgt_position_table() const {
 Tensor EncoderDecoder::encode(const IndexArray& source, const MaskArray& source_padding,
                               std::vector<AttentionResult>* attention, bool need_weights) const {
   check_tokens(source, "source", config_.max_src_len, config_.src_vocab);
-  Tensor x = embed(src_tok, src_position_table(), encoder_hooks_, source);
+  Tensor x = detail::embed(src_tok, src_position_table(), encoder_hooks_, source);
   const AttentionMask mask{.causal = false, .key_padding = source_padding};
   for (const auto& block : encoder) {
     AttentionResult r;
@@ -165,7 +157,7 @@ EncoderDecoderOutput EncoderDecoder::forward(const IndexArray& source, const Ind
     fail("EncoderDecoder", "a decoder input of {} sequences for a source of {}", decoder_input.shape()[0], source.shape()[0]);
   EncoderDecoderOutput f;
   f.memory = encode(source, source_padding, &f.encoder_attention, need_weights);
-  Tensor y = embed(tgt_tok, tgt_position_table(), decoder_hooks_, decoder_input);
+  Tensor y = detail::embed(tgt_tok, tgt_position_table(), decoder_hooks_, decoder_input);
   for (const auto& block : decoder) {
     f.decoder_attention.emplace_back();
     f.cross_attention.emplace_back();
@@ -173,6 +165,21 @@ EncoderDecoderOutput EncoderDecoder::forward(const IndexArray& source, const Ind
   }
   f.logits = head(ln_f(y));
   return f;
+}
+
+Tensor EncoderDecoder::decode(const Tensor& memory, const IndexArray& decoder_input, DecoderCache& cache,
+                              const MaskArray& source_padding) const {
+  check_tokens(decoder_input, "decoder input", config_.max_tgt_len, config_.tgt_vocab);
+  if (cache.self.empty()) cache.self.resize(decoder.size()), cache.cross.resize(decoder.size());
+  if (cache.self.size() != decoder.size() || cache.cross.size() != decoder.size())
+    fail("EncoderDecoder", "a decoder cache of {} layers for {} layers", cache.self.size(), decoder.size());
+  const std::size_t offset = cache.length(), T = decoder_input.shape()[1];
+  if (offset + T > config_.max_tgt_len)
+    fail("EncoderDecoder", "decoder positions {} to {} are beyond its {}", offset, offset + T, config_.max_tgt_len);
+  Tensor y = detail::embed(tgt_tok, tgt_position_table(), decoder_hooks_, decoder_input, offset);
+  for (std::size_t l = 0; l < decoder.size(); ++l)
+    y = decoder[l]->forward(y, memory, source_padding, false, nullptr, nullptr, &cache.self[l], &cache.cross[l]);
+  return head(ln_f(y));
 }
 
 Tensor EncoderDecoder::loss(const EncoderDecoderOutput& f, const IndexArray& targets, std::int64_t ignore_index) const {

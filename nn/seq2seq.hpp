@@ -72,9 +72,19 @@ class DecoderBlock : public Module {
   HookPoints hooks;
 
   // The block on the decoder's stream y (B, T, d_model) with the encoder's memory (B, S, d_model):
-  // y + self_attn(ln1(y)) (causal), y + cross_attn(ln_cross(y), memory), then the MLP.
+  // y + self_attn(ln1(y)) (causal), y + cross_attn(ln_cross(y), memory), then the MLP. With
+  // caches, the self-attention reads and extends `self_cache`, and the cross-attention projects
+  // the memory's keys and values into an empty `cross_cache` once, then reads them from there.
   Tensor forward(const Tensor& y, const Tensor& memory, const MaskArray& memory_padding, bool need_weights,
-                 AttentionResult* self = nullptr, AttentionResult* cross = nullptr) const;
+                 AttentionResult* self = nullptr, AttentionResult* cross = nullptr, KVCache* self_cache = nullptr,
+                 KVCache* cross_cache = nullptr) const;
+};
+
+// What decoding one step at a time keeps per decoder layer: the self-attention's keys and values
+// of the positions so far, and the cross-attention's of the memory (projected at the first step).
+struct DecoderCache {
+  std::vector<KVCache> self, cross;
+  std::size_t length() const { return self.empty() ? 0 : self[0].length(); }  // decoded positions
 };
 
 struct EncoderDecoderOutput {
@@ -98,6 +108,11 @@ class EncoderDecoder : public Module {
   // The memory alone: the encoder's output after ln_enc, (B, S, d_model).
   Tensor encode(const IndexArray& source, const MaskArray& source_padding = MaskArray(),
                 std::vector<AttentionResult>* attention = nullptr, bool need_weights = false) const;
+  // The logits (B, T_new, tgt_vocab) of the next decoder inputs (B, T_new), at positions cache
+  // length … cache length + T_new − 1, attending the memory (from encode) and what `cache` holds;
+  // equal to forward's at those positions. An empty cache starts the sequences.
+  Tensor decode(const Tensor& memory, const IndexArray& decoder_input, DecoderCache& cache,
+                const MaskArray& source_padding = MaskArray()) const;
   // Mean cross-entropy of the logits against targets (B, T), over positions whose target is not
   // ignore_index.
   Tensor loss(const EncoderDecoderOutput& output, const IndexArray& targets, std::int64_t ignore_index = -100) const;

@@ -177,10 +177,10 @@ TransformerBlock::TransformerBlock(const TransformerConfig& c, Generator& gen)
 }
 
 Tensor TransformerBlock::forward(const Tensor& x_in, const AttentionMask& mask, bool need_weights, AttentionResult* attention,
-                                 Tensor* input) const {
+                                 Tensor* input, KVCache* cache) const {
   Tensor x = hooks.run("hook_resid_pre", x_in);
   const Tensor normalized = hooks.run("ln1.hook_normalized", ln1(x));
-  AttentionResult r = attn.forward(normalized, mask, need_weights);
+  AttentionResult r = attn.forward(normalized, mask, need_weights, cache);
   r.output = hooks.run("hook_attn_out", r.output);
   x = detail::mlp_residual(x + r.output, ln2.get(), fc.get(), proj.get(), hooks);
   if (attention) *attention = std::move(r);
@@ -189,6 +189,17 @@ Tensor TransformerBlock::forward(const Tensor& x_in, const AttentionMask& mask, 
 }
 
 namespace detail {
+
+Tensor embed(const Embedding& tok, const Tensor& table, const HookPoints& hooks, const IndexArray& tokens, std::size_t offset) {
+  const std::size_t T = tokens.shape()[1];
+  Tensor positions = slice(table, 0, std::int64_t(offset), std::int64_t(offset + T));  // (T, D), added to every sequence
+  if (!hooks.empty()) {  // a hook sees them per sequence, (B, T, D), as TransformerLens shows them
+    const std::vector<Tensor> copies(tokens.shape()[0], reshape(positions, {1, std::int64_t(T), -1}));
+    positions = concat(copies, 0);
+  }
+  const Tensor embedded = hooks.run("hook_embed", tok(tokens));  // before hook_pos_embed, in this order
+  return embedded + hooks.run("hook_pos_embed", positions);
+}
 
 MultiHeadAttentionOptions attention_options(const TransformerConfig& c) {
   MultiHeadAttentionOptions o;
@@ -265,25 +276,35 @@ bool layer_is_causal(const TransformerConfig& c, std::size_t l) {
 bool Transformer::causal(std::size_t l) const { return layer_is_causal(config_, l); }
 
 TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding) const {
+  return run(tokens, need_weights, key_padding, nullptr);
+}
+
+TransformerOutput Transformer::forward_cached(const IndexArray& tokens, std::vector<KVCache>& cache) const {
+  for (std::size_t l = 0; l < blocks.size(); ++l)
+    if (!causal(l)) fail("Transformer", "layer {} is bidirectional: only a causal model decodes with a KV cache", l);
+  if (config_.readout != Readout::token) fail("Transformer", "the pointer readout has no tokens to decode");
+  if (cache.empty()) cache.resize(blocks.size());
+  if (cache.size() != blocks.size()) fail("Transformer", "a KV cache of {} layers for {} layers", cache.size(), blocks.size());
+  return run(tokens, false, MaskArray(), &cache);
+}
+
+TransformerOutput Transformer::run(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding,
+                                   std::vector<KVCache>* cache) const {
   if (tokens.dimension() != 2)
     fail("Transformer", "tokens of shape {}: expected (batch, positions)", to_string(to_shape(tokens.shape())));
-  const std::size_t T = tokens.shape()[1];
-  if (T > config_.max_len) fail("Transformer", "positions 0 to {} are beyond max_len {}", T, config_.max_len);
+  const std::size_t offset = cache ? (*cache)[0].length() : 0, T = tokens.shape()[1];
+  if (offset + T > config_.max_len)
+    fail("Transformer", "positions {} to {} are beyond max_len {}", offset, offset + T, config_.max_len);
   TransformerOutput f;
-  const Tensor embed = hooks_.run("hook_embed", tok(tokens));  // (B, T, D)
-  Tensor positions = slice(position_table(), 0, 0, std::int64_t(T));  // (T, D), added to every sequence
-  if (!hooks_.empty()) {  // a hook sees them per sequence, (B, T, D), as TransformerLens shows them
-    const std::vector<Tensor> copies(tokens.shape()[0], reshape(positions, {1, std::int64_t(T), -1}));
-    positions = concat(copies, 0);
-  }
-  Tensor x = embed + hooks_.run("hook_pos_embed", positions);
+  Tensor x = detail::embed(tok, position_table(), hooks_, tokens, offset);
   const bool pointer = config_.readout == Readout::pointer;
   AttentionMask mask{.key_padding = key_padding};  // one copy of the padding for every layer
   for (std::size_t l = 0; l < blocks.size(); ++l) {
     mask.causal = causal(l);
     f.attention.emplace_back();
     f.inputs.emplace_back();
-    x = blocks[l]->forward(x, mask, need_weights || (pointer && l + 1 == blocks.size()), &f.attention.back(), &f.inputs.back());
+    x = blocks[l]->forward(x, mask, need_weights || (pointer && l + 1 == blocks.size()), &f.attention.back(), &f.inputs.back(),
+                           cache ? &(*cache)[l] : nullptr);
   }
   if (pointer) {
     const Tensor& s = f.attention.back().scores;  // (B, H, T, T)

@@ -129,14 +129,19 @@ class TransformerBlock : public Module {
 
   // The block on the residual stream x (B, T, d_model), through its hooks: x + attn(ln1(x)), then
   // x + mlp(ln2(x)) with the MLP. `attention` receives the attention's result, `input` what it
-  // read, ln1(x).
+  // read, ln1(x); with `cache`, the attention also reads the earlier positions' keys and values
+  // there, and appends these.
   Tensor forward(const Tensor& x, const AttentionMask& mask, bool need_weights, AttentionResult* attention = nullptr,
-                 Tensor* input = nullptr) const;
+                 Tensor* input = nullptr, KVCache* cache = nullptr) const;
 };
 
 namespace detail {
 // The options of a block's attention.
 MultiHeadAttentionOptions attention_options(const TransformerConfig& config);
+// Token embeddings plus rows offset … offset + T − 1 of the position table, through the points
+// hook_embed and hook_pos_embed of `hooks` (which see the positions per sequence, (B, T, D)).
+Tensor embed(const Embedding& tok, const Tensor& table, const HookPoints& hooks, const IndexArray& tokens,
+             std::size_t offset = 0);
 // x + proj(gelu(fc(ln2(x)))) through the points hook_resid_mid, ln2.hook_normalized, mlp.hook_pre,
 // mlp.hook_post and hook_mlp_out of `hooks`; x itself without the MLP (fc null).
 Tensor mlp_residual(const Tensor& x, const LayerNorm* ln2, const Linear* fc, const Linear* proj, const HookPoints& hooks);
@@ -168,6 +173,12 @@ class Transformer : public Module {
                             const MaskArray& key_padding = MaskArray()) const;
   // Whether layer l's attention is causal.
   bool causal(std::size_t l) const;
+  // forward for the next positions of sequences whose earlier positions `cache` holds (one KVCache
+  // per layer; empty ones at the start, filled as it goes): tokens (B, T_new) sit at positions
+  // cache length … cache length + T_new − 1. The logits equal those of forward on the whole
+  // sequence at these positions. Needs a causal model with the token readout (else
+  // std::invalid_argument).
+  TransformerOutput forward_cached(const IndexArray& tokens, std::vector<KVCache>& cache) const;
   // Mean cross-entropy of the logits against targets (B, T), over positions whose target is not
   // ignore_index. For the pointer readout a target is a key position.
   Tensor loss(const TransformerOutput& output, const IndexArray& targets, std::int64_t ignore_index = -100) const;
@@ -210,6 +221,8 @@ class Transformer : public Module {
   std::vector<HookPoints*> hook_points();  // the model's, each block's and each attention's
   TransformerConfig config_;
   HookPoints hooks_;  // hook_embed, hook_pos_embed, ln_final.hook_normalized
+  TransformerOutput run(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding,
+                        std::vector<KVCache>* cache) const;
 };
 
 struct ActivationCache {
