@@ -1,6 +1,7 @@
 // The qkv program: train toy attention models and look inside them.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "examples/cli/snapshot.hpp"
 #include "examples/cli/train.hpp"
 #include "qkv/core/runtime.hpp"
+#include "qkv/nn/generate.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/version.hpp"
 
@@ -135,6 +137,44 @@ int run_ablate(const std::string& dir, std::size_t n, std::uint64_t seed, bool j
   a.dir = dir;
   if (json) fmt::print("{}\n", to_json(a).dump());
   else print_ablation(std::cout, a);
+  return 0;
+}
+
+struct GenerateArgs {
+  std::string dir, input;
+  std::optional<std::uint64_t> tokens;
+  bool no_cache = false;
+  double temperature = 0;
+  std::uint64_t top_k = 0, seed = 0;
+};
+
+// The input, continued by the model of a run whose task predicts the next token: one line of text.
+int run_generate(const GenerateArgs& a) {
+  const TrainOptions o = read_config(a.dir);
+  const auto model = load_model(a.dir);
+  const auto task = make_task(o.task, o.n);
+  const qkv::nn::TransformerConfig& c = model->config();
+  if (c.readout != qkv::nn::Readout::token || c.n_classes != c.vocab_size)
+    throw std::runtime_error(fmt::format("{}: a {} model predicts {}, not the next token: it cannot generate", a.dir, o.task,
+                                         c.readout == qkv::nn::Readout::token ? "a class per position" : "positions"));
+  std::vector<std::int64_t> input;
+  try {
+    input = task->encode(a.input);
+  } catch (const std::invalid_argument& e) {
+    usage("--input", "{}", e.what());
+  }
+  if (input.empty()) usage("--input", "holds no tokens");
+  if (input.size() >= c.max_len) usage("--input", "{} tokens leave none of the model's {} positions to generate", input.size(), c.max_len);
+  const std::size_t count = a.tokens ? std::size_t(*a.tokens) : c.max_len - input.size();
+  if (input.size() + count > c.max_len)
+    usage("--tokens", "{} after {} input tokens pass the model's {} positions", count, input.size(), c.max_len);
+  if (!(a.temperature >= 0) || !std::isfinite(a.temperature)) usage("--temperature", "is {}; it must be 0 or more", a.temperature);
+  qkv::IndexArray prompt = qkv::IndexArray::from_shape({1, input.size()});
+  std::copy(input.begin(), input.end(), prompt.begin());
+  qkv::Generator gen(a.seed);
+  const qkv::IndexArray out = qkv::nn::generate(*model, prompt, count, {.temperature = a.temperature, .top_k = a.top_k}, gen,
+                                                !a.no_cache);
+  fmt::print("{}\n", task->decode(std::vector<std::int64_t>(out.begin(), out.end())));
   return 0;
 }
 
@@ -299,6 +339,18 @@ int main(int argc, char** argv) {
   ablate_cmd->add_option("--seed", ablate_seed, "Seed of the fresh sequences (as qkv eval's)")->check(whole(0, UINT64_MAX));
   ablate_cmd->add_flag("--json", ablate_json, "Print the numbers as one JSON object");
 
+  GenerateArgs generate_args;
+  auto* generate_cmd = app.add_subcommand("generate", "Continue an input with the model of a run whose task predicts the next token");
+  generate_cmd->add_option("DIR", generate_args.dir, "Run folder (as qkv train --out)")->required();
+  generate_cmd->add_option("--input", generate_args.input, "The tokens to continue")->required();
+  generate_cmd->add_option("--tokens", generate_args.tokens, "Tokens to generate (default: up to the model's positions)")
+      ->check(whole(1, max_width));
+  generate_cmd->add_flag("--no-cache", generate_args.no_cache, "Run the model on the whole sequence at every step");
+  generate_cmd->add_option("--temperature", generate_args.temperature, "Sample at this temperature (default 0: greedy)");
+  generate_cmd->add_option("--top-k", generate_args.top_k, "Sample among the k likeliest tokens only (default: all)")
+      ->check(whole(0, max_width));
+  generate_cmd->add_option("--seed", generate_args.seed, "Seed of the sampling")->check(whole(0, UINT64_MAX));
+
   InspectArgs inspect_args;
   auto* inspect_cmd = app.add_subcommand("inspect", "Show what W_q, W_k and W_v of a trained run learned");
   inspect_cmd->add_option("DIR", inspect_args.dir, "Run folder (as qkv train --out)")->required();
@@ -343,6 +395,7 @@ int main(int argc, char** argv) {
     }
     if (*eval) return run_eval(eval_dir, std::size_t(eval_n), eval_seed);
     if (*ablate_cmd) return run_ablate(ablate_dir, std::size_t(ablate_n), ablate_seed, ablate_json);
+    if (*generate_cmd) return run_generate(generate_args);
     if (*train_cmd) {
       qkv::set_num_threads(threads.value_or(1));
       if (resume) {

@@ -251,6 +251,23 @@ case "$scenario" in
     expect 2 "--layers: needs about"
     [ ! -e big ] || fail "a refused run created its folder"
     ;;
+  generate)  # a trained induction model continues the copy, the same with and without the KV cache
+    "$qkv" train induction --out run >/dev/null 2>&1 || fail "the induction run did not train"
+    block="7 31 2 44 19 5 38 12 26 40"
+    out="$("$qkv" generate run --input "$block 7" --tokens 9)" || fail "generate failed"
+    [ "$out" = "$block $block" ] || fail "generated '$out', not the copy"
+    for sampling in "" "--temperature 1.5 --top-k 8 --seed 4"; do
+      a="$("$qkv" generate run --input "$block 7" $sampling)" || fail "generate failed"
+      b="$("$qkv" generate run --input "$block 7" $sampling --no-cache)" || fail "generate --no-cache failed"
+      [ "$a" = "$b" ] || fail "with the cache '$a', without '$b'"
+      [ "$(wc -w <<<"$a")" -eq 32 ] || fail "'$a' does not fill the model's 32 positions"
+    done
+    run "$qkv" generate run --input "$block 7" --tokens 22
+    expect 2 "--tokens: 22 after 11 input tokens pass the model's 32 positions"
+    small_run brackets
+    run "$qkv" generate brackets --input "(("
+    expect 1 "brackets: a brackets model predicts positions, not the next token: it cannot generate"
+    ;;
   *)
     fail "no scenario '$scenario'"
     ;;
