@@ -43,6 +43,9 @@ IndexArray next_tokens(const Tensor& logits, const Sampling& sampling, Generator
   std::vector<double> p(V);
   for (std::size_t b = 0; b < B; ++b) {
     const double* row = &l(b, 0);
+    if (std::any_of(row, row + V, [](double v) { return std::isnan(v) || v == INFINITY; }) ||
+        std::none_of(row, row + V, [](double v) { return std::isfinite(v); }))
+      fail("generate", "row {} of the logits holds NaN, +inf or no finite value: no token to choose", b);
     if (sampling.temperature == 0) {
       out(b, 0) = std::int64_t(std::max_element(row, row + V) - row);
       continue;
@@ -54,7 +57,7 @@ IndexArray next_tokens(const Tensor& logits, const Sampling& sampling, Generator
     double total = 0;
     for (std::size_t i = 0; i < k; ++i) total += p[i] = std::exp((row[order[i]] - row[order[0]]) / sampling.temperature);
     double u = gen.uniform() * total;
-    std::size_t pick = k - 1;
+    std::size_t pick = 0;  // the likeliest, should rounding leave u ≥ 0 after every token
     for (std::size_t i = 0; i < k; ++i)
       if ((u -= p[i]) < 0) {
         pick = i;
@@ -67,8 +70,9 @@ IndexArray next_tokens(const Tensor& logits, const Sampling& sampling, Generator
 
 IndexArray generate(const Transformer& model, const IndexArray& prompt, std::size_t count, const Sampling& sampling,
                     Generator& gen, bool use_cache) {
+  model.check_decodable();
   const TransformerConfig& c = model.config();
-  if (c.readout != Readout::token || c.n_classes != c.vocab_size)
+  if (c.n_classes != c.vocab_size)
     fail("generate", "the model's {} classes are not its {} tokens: it does not predict the next token",
          c.n_classes, c.vocab_size);
   if (prompt.dimension() != 2 || prompt.shape()[1] == 0)
@@ -95,14 +99,12 @@ IndexArray generate(const EncoderDecoder& model, const IndexArray& source, std::
     fail("generate", "start token {} is outside the decoder's vocabulary of {}", start, c.tgt_vocab);
   if (count > c.max_tgt_len) fail("generate", "{} tokens pass the decoder's {} positions", count, c.max_tgt_len);
   NoGradGuard no_grad;
-  const Tensor memory = model.encode(source, source_padding);
+  DecoderCache cache = model.start(model.encode(source, source_padding), source_padding);
   IndexArray input = IndexArray::from_shape({source.shape()[0], 1});
   input.fill(start);
   IndexArray step = input;
-  DecoderCache cache;
   for (std::size_t i = 0; i < count; ++i) {
-    const Tensor logits = use_cache ? model.decode(memory, step, cache, source_padding)
-                                    : model.forward(source, input, false, source_padding).logits;
+    const Tensor logits = use_cache ? model.decode(step, cache) : model.forward(source, input, false, source_padding).logits;
     step = next_tokens(Tensor(last_logits(logits)), sampling, gen);
     input = appended(input, step);
   }

@@ -5,7 +5,9 @@
 // With the KV cache (the default) each step runs the model on the new token alone: the keys and
 // values of the positions before it come from the cache, which grows by one row a step, and an
 // EncoderDecoder's cross-attention projects the encoder's memory once per sequence. Without it,
-// each step runs the model on the whole sequence so far. Both give the same tokens.
+// each step runs the model on the whole sequence so far. Both compute the same logits, up to
+// rounding (the cached steps attend op by op, the full forward in the fused kernel; in float32
+// they may differ in the last bits, and a near-tie could then go either way).
 #include <cstdint>
 
 #include "qkv/core/random.hpp"
@@ -22,7 +24,8 @@ struct Sampling {
 };
 
 // The next token of each row of logits (B, V), drawn from `gen` when sampling. Throws
-// std::invalid_argument for a negative or non-finite temperature.
+// std::invalid_argument for a negative or non-finite temperature, or a row with NaN, +inf or no
+// finite logit (−inf, a masked token, is never drawn).
 IndexArray next_tokens(const Tensor& logits, const Sampling& sampling, Generator& gen);
 
 // The prompt (B, T0) followed by `count` generated tokens: (B, T0 + count). The model must be

@@ -152,6 +152,7 @@ Tensor EncoderDecoder::encode(const IndexArray& source, const MaskArray& source_
 
 EncoderDecoderOutput EncoderDecoder::forward(const IndexArray& source, const IndexArray& decoder_input, bool need_weights,
                                              const MaskArray& source_padding) const {
+  check_tokens(source, "source", config_.max_src_len, config_.src_vocab);
   check_tokens(decoder_input, "decoder input", config_.max_tgt_len, config_.tgt_vocab);
   if (decoder_input.shape()[0] != source.shape()[0])
     fail("EncoderDecoder", "a decoder input of {} sequences for a source of {}", decoder_input.shape()[0], source.shape()[0]);
@@ -167,19 +168,37 @@ EncoderDecoderOutput EncoderDecoder::forward(const IndexArray& source, const Ind
   return f;
 }
 
-Tensor EncoderDecoder::decode(const Tensor& memory, const IndexArray& decoder_input, DecoderCache& cache,
-                              const MaskArray& source_padding) const {
+DecoderCache EncoderDecoder::start(const Tensor& memory, const MaskArray& source_padding) const {
+  if (memory.dim() != 3 || memory.size(2) != config_.d_model)
+    fail("EncoderDecoder", "a memory of shape {}: expected (batch, source positions, {})", to_string(memory.shape()),
+         config_.d_model);
+  if (source_padding.dimension() != 0 &&
+      (source_padding.dimension() != 2 || source_padding.shape()[0] != memory.size(0) || source_padding.shape()[1] != memory.size(1)))
+    fail("EncoderDecoder", "source padding of shape {} for a memory of shape {}", to_string(to_shape(source_padding.shape())),
+         to_string(memory.shape()));
+  return {.memory = memory, .source_padding = source_padding, .self = std::vector<KVCache>(decoder.size()),
+          .cross = std::vector<KVCache>(decoder.size())};
+}
+
+Tensor EncoderDecoder::decode(const IndexArray& decoder_input, DecoderCache& cache) const {
   check_tokens(decoder_input, "decoder input", config_.max_tgt_len, config_.tgt_vocab);
-  if (cache.self.empty()) cache.self.resize(decoder.size()), cache.cross.resize(decoder.size());
-  if (cache.self.size() != decoder.size() || cache.cross.size() != decoder.size())
-    fail("EncoderDecoder", "a decoder cache of {} layers for {} layers", cache.self.size(), decoder.size());
+  if (!cache.memory.defined() || cache.self.size() != decoder.size() || cache.cross.size() != decoder.size())
+    fail("EncoderDecoder", "a decoder cache that EncoderDecoder::start did not make for this model");
+  if (decoder_input.shape()[0] != cache.memory.size(0))
+    fail("EncoderDecoder", "a decoder input of {} sequences for a memory of {}", decoder_input.shape()[0], cache.memory.size(0));
   const std::size_t offset = cache.length(), T = decoder_input.shape()[1];
   if (offset + T > config_.max_tgt_len)
     fail("EncoderDecoder", "decoder positions {} to {} are beyond its {}", offset, offset + T, config_.max_tgt_len);
-  Tensor y = detail::embed(tgt_tok, tgt_position_table(), decoder_hooks_, decoder_input, offset);
-  for (std::size_t l = 0; l < decoder.size(); ++l)
-    y = decoder[l]->forward(y, memory, source_padding, false, nullptr, nullptr, &cache.self[l], &cache.cross[l]);
-  return head(ln_f(y));
+  const DecoderCache before = cache;  // handles: what a failed step restores
+  try {
+    Tensor y = detail::embed(tgt_tok, tgt_position_table(), decoder_hooks_, decoder_input, offset);
+    for (std::size_t l = 0; l < decoder.size(); ++l)
+      y = decoder[l]->forward(y, cache.memory, cache.source_padding, false, nullptr, nullptr, &cache.self[l], &cache.cross[l]);
+    return head(ln_f(y));
+  } catch (...) {
+    cache = before;
+    throw;
+  }
 }
 
 Tensor EncoderDecoder::loss(const EncoderDecoderOutput& f, const IndexArray& targets, std::int64_t ignore_index) const {

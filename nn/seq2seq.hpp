@@ -80,9 +80,12 @@ class DecoderBlock : public Module {
                  KVCache* cross_cache = nullptr) const;
 };
 
-// What decoding one step at a time keeps per decoder layer: the self-attention's keys and values
-// of the positions so far, and the cross-attention's of the memory (projected at the first step).
+// What decoding one step at a time keeps: the memory it attends (and its source padding), and per
+// decoder layer the self-attention's keys and values of the positions so far and the
+// cross-attention's of the memory (projected at the first step). EncoderDecoder::start makes one.
 struct DecoderCache {
+  Tensor memory;               // (B, S, d_model)
+  MaskArray source_padding;    // (B, S), or 0-d: none
   std::vector<KVCache> self, cross;
   std::size_t length() const { return self.empty() ? 0 : self[0].length(); }  // decoded positions
 };
@@ -108,11 +111,13 @@ class EncoderDecoder : public Module {
   // The memory alone: the encoder's output after ln_enc, (B, S, d_model).
   Tensor encode(const IndexArray& source, const MaskArray& source_padding = MaskArray(),
                 std::vector<AttentionResult>* attention = nullptr, bool need_weights = false) const;
+  // A cache to decode from `memory` (encode's output, (B, S, d_model)) with its source padding
+  // ((B, S) or none); std::invalid_argument naming the shapes when they do not fit.
+  DecoderCache start(const Tensor& memory, const MaskArray& source_padding = MaskArray()) const;
   // The logits (B, T_new, tgt_vocab) of the next decoder inputs (B, T_new), at positions cache
-  // length … cache length + T_new − 1, attending the memory (from encode) and what `cache` holds;
-  // equal to forward's at those positions. An empty cache starts the sequences.
-  Tensor decode(const Tensor& memory, const IndexArray& decoder_input, DecoderCache& cache,
-                const MaskArray& source_padding = MaskArray()) const;
+  // length … cache length + T_new − 1, attending the cache's memory and what it holds; equal to
+  // forward's at those positions. A call that throws leaves the cache as it was.
+  Tensor decode(const IndexArray& decoder_input, DecoderCache& cache) const;
   // Mean cross-entropy of the logits against targets (B, T), over positions whose target is not
   // ignore_index.
   Tensor loss(const EncoderDecoderOutput& output, const IndexArray& targets, std::int64_t ignore_index = -100) const;

@@ -279,13 +279,23 @@ TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weigh
   return run(tokens, need_weights, key_padding, nullptr);
 }
 
-TransformerOutput Transformer::forward_cached(const IndexArray& tokens, std::vector<KVCache>& cache) const {
+void Transformer::check_decodable() const {
   for (std::size_t l = 0; l < blocks.size(); ++l)
-    if (!causal(l)) fail("Transformer", "layer {} is bidirectional: only a causal model decodes with a KV cache", l);
+    if (!causal(l)) fail("Transformer", "layer {} is bidirectional: only a causal model decodes one position at a time", l);
   if (config_.readout != Readout::token) fail("Transformer", "the pointer readout has no tokens to decode");
+}
+
+TransformerOutput Transformer::forward_cached(const IndexArray& tokens, std::vector<KVCache>& cache) const {
+  check_decodable();
   if (cache.empty()) cache.resize(blocks.size());
   if (cache.size() != blocks.size()) fail("Transformer", "a KV cache of {} layers for {} layers", cache.size(), blocks.size());
-  return run(tokens, false, MaskArray(), &cache);
+  const std::vector<KVCache> before = cache;  // handles: what a failed step restores
+  try {
+    return run(tokens, false, MaskArray(), &cache);
+  } catch (...) {
+    cache = before;
+    throw;
+  }
 }
 
 TransformerOutput Transformer::run(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding,

@@ -177,8 +177,11 @@ class Transformer : public Module {
   // per layer; empty ones at the start, filled as it goes): tokens (B, T_new) sit at positions
   // cache length … cache length + T_new − 1. The logits equal those of forward on the whole
   // sequence at these positions. Needs a causal model with the token readout (else
-  // std::invalid_argument).
+  // std::invalid_argument: check_decodable). A call that throws leaves the cache as it was.
   TransformerOutput forward_cached(const IndexArray& tokens, std::vector<KVCache>& cache) const;
+  // Throws std::invalid_argument unless every layer is causal and the readout is token: what
+  // decoding one position at a time needs.
+  void check_decodable() const;
   // Mean cross-entropy of the logits against targets (B, T), over positions whose target is not
   // ignore_index. For the pointer readout a target is a key position.
   Tensor loss(const TransformerOutput& output, const IndexArray& targets, std::int64_t ignore_index = -100) const;

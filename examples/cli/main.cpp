@@ -157,6 +157,10 @@ int run_generate(const GenerateArgs& a) {
   if (c.readout != qkv::nn::Readout::token || c.n_classes != c.vocab_size)
     throw std::runtime_error(fmt::format("{}: a {} model predicts {}, not the next token: it cannot generate", a.dir, o.task,
                                          c.readout == qkv::nn::Readout::token ? "a class per position" : "positions"));
+  for (std::size_t l = 0; l < model->blocks.size(); ++l)
+    if (!model->causal(l))
+      throw std::runtime_error(fmt::format("{}: layer {} is bidirectional: its positions see later ones, so it cannot "
+                                           "generate one token at a time", a.dir, l));
   std::vector<std::int64_t> input;
   try {
     input = task->encode(a.input);
@@ -169,6 +173,7 @@ int run_generate(const GenerateArgs& a) {
   if (input.size() + count > c.max_len)
     usage("--tokens", "{} after {} input tokens pass the model's {} positions", count, input.size(), c.max_len);
   if (!(a.temperature >= 0) || !std::isfinite(a.temperature)) usage("--temperature", "is {}; it must be 0 or more", a.temperature);
+  if (a.top_k > 0 && a.temperature == 0) usage("--top-k", "needs --temperature: greedy decoding takes the likeliest token");
   qkv::IndexArray prompt = qkv::IndexArray::from_shape({1, input.size()});
   std::copy(input.begin(), input.end(), prompt.begin());
   qkv::Generator gen(a.seed);

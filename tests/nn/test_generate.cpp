@@ -58,15 +58,37 @@ TEST_CASE("KV cache: the decoder one position at a time gives forward's logits, 
     projected.push_back(k.size(1));
     return k;
   });
-  const Tensor memory = model.encode(source, padding);
-  DecoderCache cache;
-  for (std::size_t t = 0; t < 5; ++t) {
-    const Array<double> step = model.decode(memory, xt::view(input, xt::all(), xt::range(t, t + 1)), cache, padding).value<double>();
-    CHECK(xt::allclose(xt::view(step, xt::all(), 0), xt::view(full, xt::all(), t), 1e-12, 1e-12));
+  DecoderCache cache = model.start(model.encode(source, padding), padding);
+  // One position, two, then one at a time.
+  for (const auto& [from, to] : {std::pair<std::size_t, std::size_t>{0, 1}, {1, 3}, {3, 4}, {4, 5}}) {
+    const Tensor step = model.decode(xt::view(input, xt::all(), xt::range(from, to)), cache);
+    CHECK(xt::allclose(step.value<double>(), xt::view(full, xt::all(), xt::range(from, to)), 1e-12, 1e-12));
   }
-  CHECK(projected == std::vector<std::size_t>{6, 0, 0, 0, 0});
+  CHECK(projected == std::vector<std::size_t>{6, 0, 0, 0});
   CHECK(cache.length() == 5);
   CHECK(cache.cross[1].length() == 6);
+  // A step that fails leaves the cache as it was, and the next one is right.
+  DecoderCache again = model.start(model.encode(source, padding), padding);
+  model.decode(xt::view(input, xt::all(), xt::range(0, 2)), again);
+  model.add_hook("decoder.blocks.1.hook_attn_out", [](const Tensor&, const std::string&) -> Tensor {
+    throw std::runtime_error("a hook that fails");
+  });
+  CHECK_THROWS_WITH(model.decode(xt::view(input, xt::all(), xt::range(2, 3)), again), "a hook that fails");
+  CHECK(again.self[0].length() == 2);
+  CHECK(again.self[1].length() == 2);
+  model.reset_hooks();
+  const Tensor step = model.decode(xt::view(input, xt::all(), xt::range(2, 3)), again);
+  CHECK(xt::allclose(step.value<double>(), xt::view(full, xt::all(), xt::range(2, 3)), 1e-12, 1e-12));
+  // A cache is made for one memory, and checked against it.
+  const Tensor memory = model.encode(source, padding);
+  CHECK_THROWS_WITH(model.start(memory, MaskArray{{true, true}, {true, false}}),
+                    Contains("source padding of shape (2,2) for a memory of shape (2,6,16)"));
+  CHECK_THROWS_WITH(model.start(reshape(memory, {12, 16})), Contains("a memory of shape (12,16)"));
+  DecoderCache fresh = model.start(memory, padding);
+  const IndexArray one = xt::zeros<std::int64_t>({1, 1});
+  CHECK_THROWS_WITH(model.decode(one, fresh), Contains("a decoder input of 1 sequences for a memory of 2"));
+  DecoderCache none;
+  CHECK_THROWS_WITH(model.decode(one, none), Contains("EncoderDecoder::start did not make"));
 }
 
 TEST_CASE("generate: with and without the cache, the same tokens, greedy or sampled") {
@@ -94,6 +116,14 @@ TEST_CASE("generate: with and without the cache, the same tokens, greedy or samp
   CHECK_THROWS_WITH(generate(model, prompt, 10, {}, g), Contains("3 prompt tokens and 10 more pass the model's 12 positions"));
   CHECK_THROWS_WITH(generate(seq, source, 8, 3, {}, g), Contains("start token 8 is outside the decoder's vocabulary of 8"));
   CHECK_THROWS_WITH(next_tokens(Tensor(Array<float>({{1.0f, 2.0f}})), {.temperature = -1}, g), Contains("temperature -1"));
+  CHECK_THROWS_WITH(next_tokens(Tensor(Array<double>({{1.0, NAN}})), {}, g), Contains("row 0 of the logits holds NaN"));
+  CHECK_THROWS_WITH(next_tokens(Tensor(Array<double>({{-INFINITY, -INFINITY}})), {.temperature = 1}, g),
+                    Contains("no finite value"));
+  // A masked token (−inf) is never drawn.
+  for (int i = 0; i < 200; ++i) CHECK(next_tokens(Tensor(Array<double>({{-INFINITY, 0.0, 0.0}})), {.temperature = 5}, g)(0, 0) != 0);
+  TransformerConfig bidirectional = decoder_only(DType::float32);
+  bidirectional.causal = false;
+  CHECK_THROWS_WITH(generate(Transformer(bidirectional, g), prompt, 2, {}, g, false), Contains("layer 0 is bidirectional"));
 }
 
 TEST_CASE("next_tokens: greedy takes the largest logit, top-k draws only among the k largest, at softmax's rates") {

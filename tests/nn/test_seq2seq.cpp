@@ -6,6 +6,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/nn/generate.hpp"
 #include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/optim/adam.hpp"
@@ -209,4 +210,12 @@ TEST_CASE("EncoderDecoder: cross-attention learns to reverse a sequence, attendi
     best = std::max(best, on_mirror / (256 * 6));
   }
   CHECK(best > 0.5);
+  // Decoding alone, from the start token: greedy generation writes the reversed source, with and
+  // without the cache.
+  const IndexArray sources = xt::view(source, xt::range(0, 64), xt::all());
+  Generator a(1), b(1);
+  const IndexArray cached = generate(m, sources, start, 6, {}, a), recomputed = generate(m, sources, start, 6, {}, b, false);
+  const IndexArray reversed = xt::view(targets, xt::range(0, 64), xt::all());
+  CHECK(double(xt::sum(xt::equal(cached, reversed))()) / double(reversed.size()) > 0.97);
+  CHECK(cached == recomputed);
 }
