@@ -241,8 +241,6 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
       k4 = concat({cache->keys, k4}, 2);
       v4 = concat({cache->values, v4}, 2);
     }
-    cache->keys = k4;
-    cache->values = v4;
   }
   const I Tk = I(k4.size(2));
   Tensor scores = matmul(q5, transpose(reshape(k4, {B, Hkv, 1, Tk, dh}), -1, -2)) * scale();  // (B, Hkv, G, Tq, Tk)
@@ -256,6 +254,10 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   const Tensor z = hooks.run("hook_z", permute(heads, {0, 2, 1, 3}));  // (B, Tq, H, dv)
   AttentionResult r;
   r.output = (*out_proj)(reshape(z, {B, Tq, H * dv}));  // heads side by side
+  if (cache) {  // only once the step has succeeded: a failed call leaves the cache as it was
+    cache->keys = k4;
+    cache->values = v4;
+  }
   if (need_weights) {
     r.weights = weights;
     r.scores = scores;

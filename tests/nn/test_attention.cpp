@@ -181,6 +181,11 @@ TEST_CASE("decoding one token at a time with a KV cache equals the full causal f
     CHECK(cache.length() == 6);
     CHECK(cache.bytes_per_sequence() == 6 * kv_heads * (2 + 3) * 8);
     CHECK(cache.bytes() == 2 * cache.bytes_per_sequence());
+    // A step that fails (padding for the wrong number of keys) leaves the cache as it was.
+    NoGradGuard no_grad;
+    const MaskArray wrong = xt::ones<bool>({std::size_t(2), std::size_t(3)});
+    CHECK_THROWS(mha.forward(slice(x, 1, 5, 6), {.causal = true, .key_padding = wrong}, false, &cache));
+    CHECK(cache.length() == 6);
   }
 }
 
