@@ -455,10 +455,15 @@ std::vector<std::size_t> snapshots_to_show(const TrainingHistory& history) {
   return picks;
 }
 
+// What the page draws, which bounds its size (each heatmap at most heatmap_max_cells²): every
+// picture of the first `page_heads` heads, and the attention along training of the first
+// `page_training_heads`. --svg writes every head's.
+constexpr std::size_t page_heads = 4, page_training_heads = 2;
+
 // The pictures of a run's training, by file name: the curves of metrics.jsonl and snapshots.jsonl
 // ("training", "training-heads"), and the attention on the snapshots' input at a few of them, for
-// the first eight heads, a row of them per head ("L0H0-step-400").
-std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(const Inspection& in) {
+// the first `heads` heads, a row of them per head ("L0H0-step-400").
+std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(const Inspection& in, std::size_t most) {
   const TrainingHistory& h = in.history;
   std::vector<std::vector<std::pair<std::string, std::string>>> rows;
   if (h.logged.empty() && h.snapshots.empty()) return rows;
@@ -499,8 +504,8 @@ std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(
   rows.back().emplace_back("training-heads", steps_chart("the heads along training", "snapshots.jsonl", heads, false));
   const std::vector<std::size_t> picks = snapshots_to_show(h);
   std::size_t shown = 0;
-  for (std::size_t l = 0; l < h.snapshots[0].attention.size() && shown < 8; ++l)
-    for (std::size_t k = 0; k < h.snapshots[0].attention[l].size() && shown < 8; ++k, ++shown) {
+  for (std::size_t l = 0; l < h.snapshots[0].attention.size() && shown < most; ++l)
+    for (std::size_t k = 0; k < h.snapshots[0].attention[l].size() && shown < most; ++k, ++shown) {
       rows.emplace_back();
       for (std::size_t p : picks) {
         const auto& snap = h.snapshots[p];
@@ -517,7 +522,7 @@ std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(
 
 // The training section of the page: its pictures, with what they show.
 std::string training_html(const Inspection& in) {
-  const auto rows = training_pictures(in);
+  const auto rows = training_pictures(in, page_training_heads);
   if (rows.empty()) return "";
   const TrainingHistory& h = in.history;
   std::string s = "<h2>Training</h2>\n<p class=\"legend\">Loss and accuracy: means over each logging window of the "
@@ -608,6 +613,7 @@ which the mask hides.</p></div>
     s += "</table>\n";
   }
   s += training_html(in);
+  std::size_t pictured = 0;
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
       s += fmt::format("<h2>{}</h2>\n<p>", head_name(h));
@@ -624,10 +630,16 @@ which the mask hides.</p></div>
       if (h.target_attention)
         s += fmt::format("; scored queries put {:.3f} of their weight on their {}", *h.target_attention,
                          escape_xml(in.target_name));
-      s += ".</p>\n<div class=\"pics\">\n";
+      s += ".</p>\n";
+      if (++pictured > page_heads) continue;
+      s += "<div class=\"pics\">\n";
       for (const auto& [name, map] : pictures(in, h)) s += heatmap_svg(map);
       s += "</div>\n";
     }
+  if (pictured > page_heads)
+    s += fmt::format("<p>The page draws the pictures of the first {} heads (and the attention along training of the "
+                     "first {}); <code>qkv inspect --svg DIR</code> writes every head's.</p>\n",
+                     page_heads, page_training_heads);
   s += "</body></html>\n";
   return s;
 }
@@ -641,7 +653,7 @@ std::vector<std::string> write_svgs(const Inspection& in, const std::string& dir
         files.push_back((std::filesystem::path(dir) / fmt::format("L{}H{}-{}.svg", h.layer, h.head, name)).string());
         nn::write_atomically(files.back(), heatmap_svg(map));
       }
-  for (const auto& row : training_pictures(in))
+  for (const auto& row : training_pictures(in, std::numeric_limits<std::size_t>::max()))
     for (const auto& [name, svg] : row) {
       files.push_back((std::filesystem::path(dir) / (name + ".svg")).string());
       nn::write_atomically(files.back(), svg);

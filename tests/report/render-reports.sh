@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The `qkv inspect --html` pages of two trained runs as a reader's browser shows them
-# (render_page.py, headless Chromium): induction with snapshots along training, and brackets,
-# whose one-character tokens were once drawn sideways. Screenshots: OUT/inspect-NAME.png.
+# The `qkv inspect --html` pages of three trained runs as a reader's browser shows them
+# (render_page.py, headless Chromium): induction with snapshots along training, brackets, whose
+# one-character tokens were once drawn sideways, and a wide model (4 layers of 4 heads, d_model 64)
+# whose page must stay within the size bound. Screenshots: OUT/inspect-NAME.png.
 #   render-reports.sh QKV_BINARY OUT
 set -euo pipefail
 qkv=$1 out=$2
@@ -16,7 +17,8 @@ train() {
 }
 train induction --steps 600 --snapshot-every 100 --out "$work/induction"
 train brackets --steps 300 --out "$work/brackets"
-for name in induction brackets; do
+train induction --layers 4 --heads 4 --d-model 64 --steps 60 --snapshot-every 20 --out "$work/wide"
+for name in induction brackets wide; do
   "$qkv" inspect "$work/$name" --html "$work/$name.html"
   python3 "$here/render_page.py" "$work/$name.html" "$out/inspect-$name.png"
 done
