@@ -34,15 +34,20 @@ struct Tally {
   AblationScore result() const { return {metrics.result().accuracy, scored ? loss_sum / double(scored) : 0}; }
 };
 
-// A hook on hook_z (B, T, H, d_v) that puts `fill` (broadcast to it; undefined: zeros) in place of
-// head h's output.
-nn::ForwardHook replace_head(std::size_t n_heads, std::size_t h, DType dtype, Tensor fill) {
-  Array<double> keep_mask = xt::ones<double>({std::size_t(1), std::size_t(1), n_heads, std::size_t(1)});
-  keep_mask(0, 0, h, 0) = 0;
-  const Tensor keep = Tensor(keep_mask).to(dtype), drop = Tensor(Array<double>(1.0 - keep_mask)).to(dtype);
-  return [keep, drop, fill](const Tensor& z, const std::string&) {
-    return fill.defined() ? z * keep + fill * drop : z * keep;
-  };
+// Which of hook_z's heads (B, T, H, d_v) a hook keeps, and which it replaces: (1, 1, H, 1) masks.
+struct HeadMask {
+  Tensor keep, drop;
+};
+
+HeadMask head_mask(std::size_t n_heads, std::size_t h, DType dtype) {
+  Array<double> keep = xt::ones<double>({std::size_t(1), std::size_t(1), n_heads, std::size_t(1)});
+  keep(0, 0, h, 0) = 0;
+  return {Tensor(keep).to(dtype), Tensor(Array<double>(1.0 - keep)).to(dtype)};
+}
+
+// A hook on hook_z that puts `fill` (broadcast to it; undefined: zeros) in place of the masked head.
+nn::ForwardHook replace_head(const HeadMask& m, Tensor fill) {
+  return [m, fill](const Tensor& z, const std::string&) { return fill.defined() ? z * m.keep + fill * m.drop : z * m.keep; };
 }
 
 }  // namespace
@@ -83,6 +88,8 @@ Ablation ablate(nn::Transformer& model, const Task& task, const std::optional<Co
   // A pointer model reads its last layer's head-0 scores, not any of that layer's outputs.
   const auto read = [&](std::size_t l) { return model.config().readout != nn::Readout::pointer || l + 1 < L; };
   const std::vector<Array<double>> mean = mean_head_outputs(model, task, batches, batch_size, seed, mask_padding);
+  std::vector<HeadMask> masks;  // made once, for every batch
+  for (std::size_t h = 0; h < H; ++h) masks.push_back(head_mask(H, h, dtype));
 
   Tally clean, corrupted;
   std::vector<Tally> zero(L * H), mean_ablated(L * H), noised(L * H), denoised(L * H);
@@ -111,7 +118,7 @@ Ablation ablate(nn::Transformer& model, const Task& task, const std::optional<Co
       for (std::size_t h = 0; h < H; ++h) {
         const std::size_t at = l * H + h;
         const auto run = [&](const IndexArray& tokens, const MaskArray& mask, const Tensor& fill, Tally& into) {
-          into.add(model, model.run_with_hooks(tokens, {{z_point(l), replace_head(H, h, dtype, fill)}}, false, mask), b);
+          into.add(model, model.run_with_hooks(tokens, {{z_point(l), replace_head(masks[h], fill)}}, false, mask), b);
         };
         run(b.tokens, padding, Tensor(), zero[at]);
         run(b.tokens, padding, mean_z, mean_ablated[at]);

@@ -131,9 +131,9 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   std::vector<double> top_value;  // per panel
   std::size_t last_step = 1;
   for (const ChartLine& line : lines) {
-    const auto panel = std::find(panels.begin(), panels.end(), line.panel);
-    if (panel == panels.end()) panels.push_back(line.panel), top_value.push_back(0);
-    double& top = top_value[std::size_t(std::find(panels.begin(), panels.end(), line.panel) - panels.begin())];
+    const std::size_t panel = std::size_t(std::find(panels.begin(), panels.end(), line.panel) - panels.begin());
+    if (panel == panels.size()) panels.push_back(line.panel), top_value.push_back(0);
+    double& top = top_value[panel];
     for (const auto& [step, values] : line.values)
       for (double v : values)
         if (std::isfinite(v)) top = std::max(top, v), last_step = std::max(last_step, step);

@@ -157,10 +157,11 @@ int run_generate(const GenerateArgs& a) {
   if (c.readout != qkv::nn::Readout::token || c.n_classes != c.vocab_size)
     throw std::runtime_error(fmt::format("{}: a {} model predicts {}, not the next token: it cannot generate", a.dir, o.task,
                                          c.readout == qkv::nn::Readout::token ? "a class per position" : "positions"));
-  for (std::size_t l = 0; l < model->blocks.size(); ++l)
-    if (!model->causal(l))
-      throw std::runtime_error(fmt::format("{}: layer {} is bidirectional: its positions see later ones, so it cannot "
-                                           "generate one token at a time", a.dir, l));
+  try {
+    model->check_decodable();  // the library's check, named with the run
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}: {}", a.dir, e.what()));
+  }
   std::vector<std::int64_t> input;
   try {
     input = task->encode(a.input);

@@ -111,7 +111,6 @@ MEASURE = r"""
       if ((t.getAttribute('transform') || '').includes('rotate')) rotated.push(t.textContent);
     }
     for (const r of svg.querySelectorAll('rect')) {
-      const w = r.getAttribute('width');
       if (r.parentNode.getAttribute('shape-rendering') === 'crispEdges') {
         cells++;
         if (r.querySelector('title')) titled++;
