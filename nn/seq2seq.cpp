@@ -5,6 +5,10 @@
 
 #include "qkv/core/ops.hpp"
 #include "qkv/core/shape.hpp"
+#include "qkv/nn/checkpoint.hpp"
+#include "qkv/nn/detail/json.hpp"
+#include "qkv/nn/detail/transformer_json.hpp"
+#include "qkv/nn/files.hpp"
 
 namespace qkv::nn {
 
@@ -44,6 +48,74 @@ TransformerConfig encoder_block_config(const EncoderDecoderConfig& c) {
   t.layers = c.encoder_layers, t.d_model = c.d_model, t.heads = c.heads, t.d_head = c.d_head, t.qk = c.qk, t.proj = c.proj;
   t.mlp = c.mlp, t.positions = c.positions, t.dtype = c.dtype;
   return t;
+}
+
+double parameter_count(const EncoderDecoderConfig& c) {
+  // The encoder is a pointer-readout Transformer's body (its final LayerNorm is ln_enc), the decoder
+  // a token-readout one's with a cross-attention and its LayerNorm more per layer.
+  TransformerConfig encoder = encoder_block_config(c);
+  encoder.readout = Readout::pointer, encoder.n_classes = 0;
+  TransformerConfig decoder = encoder;
+  decoder.vocab_size = c.tgt_vocab, decoder.n_classes = c.tgt_vocab, decoder.readout = Readout::token;
+  decoder.max_len = c.max_tgt_len, decoder.layers = c.decoder_layers;
+  TransformerConfig one = encoder, none = encoder;  // a layer without its MLP: LayerNorm and attention
+  one.mlp = none.mlp = false, one.layers = 1, none.layers = 0;
+  return parameter_count(encoder) + parameter_count(decoder) +
+         double(c.decoder_layers) * (parameter_count(one) - parameter_count(none));
+}
+
+nlohmann::json detail::encoder_decoder_config_json(const EncoderDecoderConfig& c) {
+  return {{"src_vocab", c.src_vocab}, {"tgt_vocab", c.tgt_vocab}, {"max_src_len", c.max_src_len},
+          {"max_tgt_len", c.max_tgt_len}, {"encoder_layers", c.encoder_layers}, {"decoder_layers", c.decoder_layers},
+          {"d_model", c.d_model}, {"heads", c.heads}, {"d_head", c.d_head}, {"qk", name_of(c.qk)},
+          {"proj", name_of(c.proj)}, {"mlp", c.mlp}, {"positions", name_of(c.positions)}};
+}
+
+EncoderDecoderConfig detail::read_encoder_decoder_config(const nlohmann::json& j, const std::string& file,
+                                                         const std::string& prefix) {
+  const detail::FieldReader m(j, file, prefix);
+  if (m.has("vocab_size"))
+    m.fail_at("vocab_size", "belongs to a decoder-only model's config: load_transformer reads it");
+  constexpr std::uint64_t most = TransformerConfig::max_width, layers = TransformerConfig::max_layers;
+  EncoderDecoderConfig c;
+  c.src_vocab = m.count("src_vocab", 1, most);
+  c.tgt_vocab = m.count("tgt_vocab", 1, most);
+  c.max_src_len = m.count("max_src_len", 1, most);
+  c.max_tgt_len = m.count("max_tgt_len", 1, most);
+  c.encoder_layers = m.count("encoder_layers", 1, layers);
+  c.decoder_layers = m.count("decoder_layers", 1, layers);
+  c.d_model = m.count("d_model", 1, most);
+  c.heads = m.count("heads", 1, most);
+  c.d_head = m.count("d_head", 0, most);
+  c.qk = detail::parse_enum(m, "qk", all_qk);
+  c.proj = detail::parse_enum(m, "proj", all_projections);
+  c.mlp = m.flag("mlp");
+  c.positions = detail::parse_enum(m, "positions", all_positions);
+  m.only(encoder_decoder_config_json(c));
+  try {
+    check(c);
+  } catch (const ConfigError& e) {
+    m.fail_at(e.field, "{}", e.what());
+  }
+  return c;
+}
+
+std::string to_json(const EncoderDecoderConfig& c) { return detail::encoder_decoder_config_json(c).dump(); }
+
+EncoderDecoderConfig parse_encoder_decoder_config(std::string_view json, const std::string& file, const std::string& prefix) {
+  return detail::read_encoder_decoder_config(detail::parse_json(json, file, 2), file, prefix);  // a decoder-only config's lists are named
+}
+
+void save_config(const std::string& dir, const EncoderDecoderConfig& config) {
+  detail::write_model_config(dir, detail::encoder_decoder_config_json(config));
+}
+
+EncoderDecoderConfig load_encoder_decoder_config(const std::string& dir) {
+  return detail::read_encoder_decoder_config(detail::read_model_config(dir), dir + "/config.json", "model.");
+}
+
+std::unique_ptr<EncoderDecoder> load_encoder_decoder(const std::string& dir) {
+  return detail::load_model<EncoderDecoder>(dir, load_encoder_decoder_config(dir));
 }
 
 void check(const EncoderDecoderConfig& c) {

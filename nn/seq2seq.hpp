@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "qkv/core/random.hpp"
@@ -55,6 +56,18 @@ void check(const EncoderDecoderConfig& config);
 
 // The config of the encoder's blocks, which are a bidirectional Transformer's.
 TransformerConfig encoder_block_config(const EncoderDecoderConfig& config);
+
+// The number of parameter elements a model of this config has (a double: absurd configs must not
+// wrap).
+double parameter_count(const EncoderDecoderConfig& config);
+
+// The config as a JSON object (the "model" field of a run's config.json), and back: the reader
+// checks every field's type and range and refuses unknown ones, std::runtime_error naming `file`
+// and the field, prefixed by `prefix` ("model."). The dtype is not written: load_encoder_decoder
+// takes the weights' own.
+std::string to_json(const EncoderDecoderConfig& config);
+EncoderDecoderConfig parse_encoder_decoder_config(std::string_view json, const std::string& file,
+                                                  const std::string& prefix = "");
 
 class DecoderBlock : public Module {
  public:
@@ -152,5 +165,17 @@ class EncoderDecoder : public Module {
   EncoderDecoderConfig config_;
   HookPoints encoder_hooks_, decoder_hooks_;  // {encoder,decoder}.hook_embed, .hook_pos_embed
 };
+
+// DIR/config.json as {"model": CONFIG}, written atomically; its "model" field back
+// (std::runtime_error naming the file and the field at fault); and the model of a run folder,
+// built from it with the committed checkpoint's weights (checkpoint.hpp), in the dtype they were
+// saved in, as load_transformer does for the decoder-only model:
+//
+//   nn::save_config(dir, model.config());
+//   nn::save_checkpoint(dir, model, adam.state_dict(), {.step = 1000});
+//   auto loaded = nn::load_encoder_decoder(dir);
+void save_config(const std::string& dir, const EncoderDecoderConfig& config);
+EncoderDecoderConfig load_encoder_decoder_config(const std::string& dir);
+std::unique_ptr<EncoderDecoder> load_encoder_decoder(const std::string& dir);
 
 }  // namespace qkv::nn

@@ -28,11 +28,6 @@ const TransformerConfig& checked(const TransformerConfig& c) {
   return c;
 }
 
-template <class E, std::size_t N>
-E parse_enum(const detail::FieldReader& r, const char* key, const E (&values)[N]) {
-  return *from_name(values, r.choice(key, names_of(values)));
-}
-
 }  // namespace
 
 ConfigError::ConfigError(std::string field_, const std::string& message)
@@ -107,24 +102,26 @@ TransformerConfig parse_transformer_config(std::string_view json, const std::str
 TransformerConfig detail::read_transformer_config(const nlohmann::json& j, const std::string& file,
                                                   const std::string& prefix) {
   const detail::FieldReader m(j, file, prefix);
+  if (m.has("encoder_layers"))
+    m.fail_at("encoder_layers", "belongs to an encoder-decoder's config: load_encoder_decoder reads it");
   constexpr std::uint64_t most = TransformerConfig::max_width;
   TransformerConfig c;
   c.vocab_size = m.count("vocab_size", 1, most);
   c.n_classes = m.count("n_classes", 0, most);
   c.max_len = m.count("max_len", 1, most);
-  c.readout = parse_enum(m, "readout", all_readouts);
+  c.readout = detail::parse_enum(m, "readout", all_readouts);
   c.causal = m.flag("causal");
   c.layers = m.count("layers", 1, TransformerConfig::max_layers);
   c.d_model = m.count("d_model", 1, most);
   c.heads = m.count("heads", 1, most);
   c.d_head = m.count("d_head", 0, most);
   c.kv_heads = m.count("kv_heads", 0, most);
-  c.qk = parse_enum(m, "qk", all_qk);
-  c.proj = parse_enum(m, "proj", all_projections);
+  c.qk = detail::parse_enum(m, "qk", all_qk);
+  c.proj = detail::parse_enum(m, "proj", all_projections);
   c.scale = m.flag("scale");
   c.mlp = m.flag("mlp");
   c.frozen_embeddings = m.choice("embeddings", {"learned", "frozen"}) == "frozen";
-  if (m.has("positions")) c.positions = parse_enum(m, "positions", all_positions);  // absent from older runs
+  if (m.has("positions")) c.positions = detail::parse_enum(m, "positions", all_positions);  // absent from older runs
   if (m.has("causal_layers")) {
     const nlohmann::json& v = m.at("causal_layers");
     if (!v.is_array() || v.size() > TransformerConfig::max_layers ||
@@ -420,20 +417,25 @@ IndexArray Transformer::predictions(const Tensor& logits) {
   return logits.dtype() == DType::float32 ? argmax_rows(logits.value<float>()) : argmax_rows(logits.value<double>());
 }
 
+void detail::write_model_config(const std::string& dir, const nlohmann::json& model) {
+  write_atomically(dir + "/config.json", nlohmann::json{{"model", model}}.dump(2) + "\n");
+}
+
+nlohmann::json detail::read_model_config(const std::string& dir) {
+  const std::string file = dir + "/config.json";
+  const nlohmann::json j = detail::parse_json(read_file(file, 1 << 20), file, 3);
+  return detail::FieldReader(j, file).at("model");
+}
+
 void save_config(const std::string& dir, const TransformerConfig& config) {
-  const nlohmann::json j = {{"model", detail::transformer_config_json(config)}};
-  write_atomically(dir + "/config.json", j.dump(2) + "\n");
+  detail::write_model_config(dir, detail::transformer_config_json(config));
 }
 
 TransformerConfig load_config(const std::string& dir) {
-  const std::string file = dir + "/config.json";
-  const nlohmann::json j = detail::parse_json(read_file(file, 1 << 20), file, 3);
-  const detail::FieldReader r(j, file);
-  return detail::read_transformer_config(r.at("model"), file, "model.");
+  return detail::read_transformer_config(detail::read_model_config(dir), dir + "/config.json", "model.");
 }
 
-std::unique_ptr<Transformer> load_transformer(const std::string& dir) {
-  TransformerConfig config = load_config(dir);
+detail::ModelWeights detail::read_model_weights(const std::string& dir, double parameters) {
   const double available = available_memory();
   const auto refuse = [&](double bytes) {
     if (bytes > available)
@@ -441,18 +443,19 @@ std::unique_ptr<Transformer> load_transformer(const std::string& dir) {
                                            "{:.0f} MiB this machine has available",
                                            dir, bytes / (1 << 20), available / (1 << 20)));
   };
-  refuse(4 * parameter_count(config));  // before the weights' file is read
+  refuse(4 * parameters);  // before the weights' file is read
   const auto folder = committed_checkpoint(dir);
   if (!folder) throw std::runtime_error(fmt::format("{}: the run has no checkpoint yet", dir));
-  const std::string file = *folder + "/model.safetensors";
-  const Safetensors weights = load_safetensors(file);
+  ModelWeights w{.file = *folder + "/model.safetensors", .weights = {}};
+  w.weights = load_safetensors(w.file);
   // The model takes the dtype its weights were saved in (float64 for a gradient check's, say).
-  if (!weights.tensors.empty()) config.dtype = weights.tensors.front().second.dtype();
-  refuse(double(dtype_size(config.dtype)) * parameter_count(config));
-  Generator gen(0);
-  auto model = std::make_unique<Transformer>(config, gen);
-  load_weights(weights, file, *model);
-  return model;
+  if (!w.weights.tensors.empty()) w.dtype = w.weights.tensors.front().second.dtype();
+  refuse(double(dtype_size(w.dtype)) * parameters);
+  return w;
+}
+
+std::unique_ptr<Transformer> load_transformer(const std::string& dir) {
+  return detail::load_model<Transformer>(dir, load_config(dir));
 }
 
 }  // namespace qkv::nn

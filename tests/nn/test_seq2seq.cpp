@@ -1,11 +1,13 @@
 #include "tests/helpers.hpp"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <xtensor/xview.hpp>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
@@ -14,6 +16,8 @@
 using namespace qkv;
 using namespace qkv::nn;
 using Catch::Matchers::Contains;
+using qkv::test::runtime_error_message;
+using qkv::test::scratch;
 
 namespace {
 
@@ -165,6 +169,85 @@ TEST_CASE("EncoderDecoder: bad inputs and configs are named") {
   c = small(false);
   c.heads = 3;
   CHECK_THROWS_WITH(EncoderDecoder(c, gen), Contains("3 does not divide d_model 8"));
+}
+
+TEST_CASE("EncoderDecoder: parameter_count counts every parameter of each config") {
+  for (bool mlp : {false, true})
+    for (QK qk : {QK::untied, QK::tied})
+      for (Projection proj : {Projection::learned, Projection::identity})
+        for (Positions positions : {Positions::learned, Positions::sinusoidal}) {
+          EncoderDecoderConfig c = small(mlp);
+          c.qk = qk, c.proj = proj, c.positions = positions, c.decoder_layers = 3;
+          Generator gen(1);
+          const EncoderDecoder m(c, gen);
+          std::size_t elements = 0;
+          for (const Tensor& p : m.parameters()) elements += p.numel();
+          INFO(to_json(c));
+          CHECK(parameter_count(c) == double(elements));
+        }
+}
+
+TEST_CASE("EncoderDecoder: its config round-trips through JSON, and a bad one is named by field") {
+  EncoderDecoderConfig c = small(true);
+  c.qk = QK::tied, c.positions = Positions::sinusoidal, c.d_head = 2, c.max_tgt_len = 11;
+  const EncoderDecoderConfig back = parse_encoder_decoder_config(to_json(c), "c.json");
+  CHECK(to_json(back) == to_json(c));
+  CHECK(back.max_tgt_len == 11);
+  CHECK(back.d_head == 2);
+  CHECK(back.qk == QK::tied);
+  const std::string text = to_json(small(true));
+  const auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  CHECK_THAT(runtime_error_message([&] { parse_encoder_decoder_config(replaced("\"heads\":2", "\"heads\":3"), "c.json", "model."); }),
+             Contains("c.json: 'model.heads'") && Contains("does not divide d_model 8"));
+  CHECK_THAT(runtime_error_message([&] { parse_encoder_decoder_config(replaced("\"encoder_layers\":2", "\"encoder_layers\":0"), "c.json"); }),
+             Contains("'encoder_layers' is 0, out of range"));
+  CHECK_THAT(runtime_error_message([&] { parse_encoder_decoder_config(replaced("\"mlp\":true", "\"mlp\":true,\"extra\":1"), "c.json"); }),
+             Contains("'extra' is not a known field"));
+  // Either model's reader names the other's config.
+  const TransformerConfig t{.vocab_size = 5, .n_classes = 5, .max_len = 4};
+  CHECK_THAT(runtime_error_message([&] { parse_encoder_decoder_config(nn::to_json(t), "t.json"); }),
+             Contains("'vocab_size' belongs to a decoder-only model's config"));
+  CHECK_THAT(runtime_error_message([&] { parse_transformer_config(to_json(c), "c.json"); }),
+             Contains("'encoder_layers' belongs to an encoder-decoder's config"));
+}
+
+TEST_CASE("EncoderDecoder: a run folder's checkpoint loads back into the same model") {
+  const std::string dir = scratch("seq2seq_load");
+  EncoderDecoderConfig c = small(true);
+  c.dtype = DType::float32;
+  Generator gen(4);
+  EncoderDecoder model(c, gen);
+  optim::Adam adam(model.parameters(), {.lr = 1e-2});
+  const IndexArray source{{1, 2, 3, 4}, {6, 5, 0, 0}}, input{{0, 4, 3}, {0, 5, 6 % 6}}, targets{{4, 3, 2}, {5, 0, -100}};
+  {
+    RunLock lock(dir);
+    save_config(dir, c);
+    for (std::size_t step = 1; step <= 2; ++step) {
+      adam.zero_grad();
+      model.loss(model.forward(source, input), targets).backward();
+      adam.step();
+      save_checkpoint(dir, model, adam.state_dict(), {.step = step});
+    }
+  }
+  const auto loaded = load_encoder_decoder(dir);
+  CHECK(to_json(loaded->config()) == to_json(c));
+  CHECK(loaded->config().dtype == DType::float32);
+  CHECK(xt::all(xt::equal(loaded->forward(source, input).logits.value<float>(), model.forward(source, input).logits.value<float>())));
+  CHECK_THAT(runtime_error_message([&] { load_transformer(dir); }), Contains("'model.encoder_layers' belongs to an encoder-decoder"));
+  // A config.json that does not fit the weights is named.
+  EncoderDecoderConfig wider = c;
+  wider.d_model = 16;
+  save_config(dir, wider);
+  CHECK_THAT(runtime_error_message([&] { load_encoder_decoder(dir); }), Contains("model.safetensors: does not fit the model"));
+  wider.src_vocab = TransformerConfig::max_width;
+  wider.d_model = TransformerConfig::max_width;
+  save_config(dir, wider);
+  CHECK_THAT(runtime_error_message([&] { load_encoder_decoder(dir); }), Contains("config.json: the model needs"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("EncoderDecoder: cross-attention learns to reverse a sequence, attending the mirrored position") {
