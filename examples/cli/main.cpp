@@ -56,7 +56,9 @@ std::string option_of(const std::string& field) {
       {"threads", "--threads"},       {"checkpoint_every", "--checkpoint-every"}, {"snapshot_every", "--snapshot-every"},
       {"model.layers", "--layers"},   {"model.d_model", "--d-model"}, {"model.heads", "--heads"},
       {"model.d_head", "--d-head"},   {"model.kv_heads", "--kv-heads"}, {"n", "--n"},
-      {"model.max_len", "--max-len"}, {"model.causal_layers", "--attention"}};
+      {"model.max_len", "--max-len"}, {"model.causal_layers", "--attention"}, {"encoder_layers", "--encoder-layers"},
+      {"max_source_len", "--max-len"}, {"model.scale", "--no-scale"}, {"model.embeddings", "--embeddings"},
+      {"model.qk", "--qk"}, {"model.proj", "--proj"}};
   const auto it = options.find(field);
   return it == options.end() ? field : it->second;
 }
@@ -102,14 +104,23 @@ int run_tasks() {
 
 // Accuracy on fresh sequences; also on longer ones where the task has them (brackets: 26-40) and
 // the model's positions allow.
+// A seq2seq run's outputs are also generated, greedily from the start token.
 int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
   const TrainOptions o = read_config(dir);
-  const auto model = load_model(dir);
   const auto task = make_task(o.task, o.n);
   const std::size_t batches = (n + o.batch - 1) / o.batch;
+  nlohmann::json out = {{"task", o.task}, {"dir", dir}, {"sequences", batches * o.batch}, {"seed", seed}};
+  if (const Seq2SeqTask* seq2seq = as_seq2seq(*task)) {
+    const auto model = load_encoder_decoder(dir);
+    const Metrics forced = evaluate(*model, *task, batches, o.batch, seed), written = evaluate_generation(*model, *seq2seq, batches, o.batch, seed);
+    out.update({{"accuracy", forced.accuracy}, {"exact_match", forced.exact_match},
+                {"generated", {{"accuracy", written.accuracy}, {"exact_match", written.exact_match}}}});
+    fmt::print("{}\n", out.dump());
+    return 0;
+  }
+  const auto model = load_model(dir);
   const Metrics metrics = evaluate(*model, *task, batches, o.batch, seed, o.mask_padding);
-  nlohmann::json out = {{"task", o.task}, {"dir", dir}, {"sequences", batches * o.batch}, {"seed", seed},
-                        {"accuracy", metrics.accuracy}, {"exact_match", metrics.exact_match}};
+  out.update({{"accuracy", metrics.accuracy}, {"exact_match", metrics.exact_match}});
   const TaskSpec& spec = task_spec(o.task);
   // Lengths beyond training's, where the model has the positions (train --max-len).
   if (!spec.longer.empty()) out["longer"] = nlohmann::json::array();
@@ -148,11 +159,52 @@ struct GenerateArgs {
   std::uint64_t top_k = 0, seed = 0;
 };
 
-// The input, continued by the model of a run whose task predicts the next token: one line of text.
+// The sampling options, checked.
+qkv::nn::Sampling sampling(const GenerateArgs& a) {
+  if (!(a.temperature >= 0) || !std::isfinite(a.temperature)) usage("--temperature", "is {}; it must be 0 or more", a.temperature);
+  if (a.top_k > 0 && a.temperature == 0) usage("--top-k", "needs --temperature: greedy decoding takes the likeliest token");
+  return {.temperature = a.temperature, .top_k = a.top_k};
+}
+
+// --input as tokens of `task`, at most `positions` of them.
+std::vector<std::int64_t> input_tokens(const Task& task, const std::string& text, std::size_t positions) {
+  std::vector<std::int64_t> input;
+  try {
+    input = task.encode(text);
+  } catch (const std::invalid_argument& e) {
+    usage("--input", "{}", e.what());
+  }
+  if (input.empty()) usage("--input", "holds no tokens");
+  if (input.size() > positions) usage("--input", "{} tokens, but the model has {} positions", input.size(), positions);
+  return input;
+}
+
+qkv::IndexArray row(const std::vector<std::int64_t>& tokens) {
+  qkv::IndexArray r = qkv::IndexArray::from_shape({1, tokens.size()});
+  std::copy(tokens.begin(), tokens.end(), r.begin());
+  return r;
+}
+
+// A seq2seq run's output for the source --input, up to its end token.
+int run_generate_seq2seq(const GenerateArgs& a, const Seq2SeqTask& task) {
+  const auto model = load_encoder_decoder(a.dir);
+  const qkv::nn::EncoderDecoderConfig& c = model->config();
+  const std::vector<std::int64_t> source = input_tokens(task, a.input, c.max_src_len);
+  const std::size_t count = a.tokens ? std::size_t(*a.tokens) : c.max_tgt_len;
+  if (count > c.max_tgt_len) usage("--tokens", "{} pass the decoder's {} positions", count, c.max_tgt_len);
+  qkv::Generator gen(a.seed);
+  const qkv::IndexArray out = qkv::nn::generate(*model, row(source), task.sides().start, count, sampling(a), gen, !a.no_cache);
+  fmt::print("{}\n", task.decode(std::vector<std::int64_t>(out.begin(), out.end())));
+  return 0;
+}
+
+// The input, continued by the model of a run whose task predicts the next token, or a seq2seq
+// run's output for it: one line of text.
 int run_generate(const GenerateArgs& a) {
   const TrainOptions o = read_config(a.dir);
-  const auto model = load_model(a.dir);
   const auto task = make_task(o.task, o.n);
+  if (const Seq2SeqTask* seq2seq = as_seq2seq(*task)) return run_generate_seq2seq(a, *seq2seq);
+  const auto model = load_model(a.dir);
   const qkv::nn::TransformerConfig& c = model->config();
   if (c.readout != qkv::nn::Readout::token || c.n_classes != c.vocab_size)
     throw std::runtime_error(fmt::format("{}: a {} model predicts {}, not the next token: it cannot generate", a.dir, o.task,
@@ -162,24 +214,14 @@ int run_generate(const GenerateArgs& a) {
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(fmt::format("{}: {}", a.dir, e.what()));
   }
-  std::vector<std::int64_t> input;
-  try {
-    input = task->encode(a.input);
-  } catch (const std::invalid_argument& e) {
-    usage("--input", "{}", e.what());
-  }
-  if (input.empty()) usage("--input", "holds no tokens");
-  if (input.size() >= c.max_len) usage("--input", "{} tokens leave none of the model's {} positions to generate", input.size(), c.max_len);
+  const std::vector<std::int64_t> input = input_tokens(*task, a.input, c.max_len);
+  if (input.size() == c.max_len) usage("--input", "{} tokens leave none of the model's {} positions to generate", input.size(), c.max_len);
   const std::size_t count = a.tokens ? std::size_t(*a.tokens) : c.max_len - input.size();
   if (input.size() + count > c.max_len)
     usage("--tokens", "{} after {} input tokens pass the model's {} positions", count, input.size(), c.max_len);
-  if (!(a.temperature >= 0) || !std::isfinite(a.temperature)) usage("--temperature", "is {}; it must be 0 or more", a.temperature);
-  if (a.top_k > 0 && a.temperature == 0) usage("--top-k", "needs --temperature: greedy decoding takes the likeliest token");
-  qkv::IndexArray prompt = qkv::IndexArray::from_shape({1, input.size()});
-  std::copy(input.begin(), input.end(), prompt.begin());
+  const qkv::nn::Sampling s = sampling(a);
   qkv::Generator gen(a.seed);
-  const qkv::IndexArray out = qkv::nn::generate(*model, prompt, count, {.temperature = a.temperature, .top_k = a.top_k}, gen,
-                                                !a.no_cache);
+  const qkv::IndexArray out = qkv::nn::generate(*model, row(input), count, s, gen, !a.no_cache);
   fmt::print("{}\n", task->decode(std::vector<std::int64_t>(out.begin(), out.end())));
   return 0;
 }
@@ -268,7 +310,7 @@ int main(int argc, char** argv) {
 
   // Options start unset: the task's defaults fill what the command line leaves out.
   std::string task, qk, proj;
-  std::optional<std::uint64_t> seed, steps, layers, heads, d_model, d_head, kv_heads, batch, threads, checkpoint_every,
+  std::optional<std::uint64_t> seed, steps, layers, encoder_layers, heads, d_model, d_head, kv_heads, batch, threads, checkpoint_every,
       snapshot_every,
       task_n, max_len;
   std::string positions;
@@ -279,7 +321,8 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train a model on a task");
   train_cmd->add_option("TASK", task, fmt::format("{}", fmt::join(task_names(), ", ")))->required()->check(CLI::IsMember(task_names()));
   train_cmd->add_option("--out", out, "Run folder (default runs/TASK)");
-  train_cmd->add_option("--max-len", max_len, "Positions of the model (default: the task's longest sequence)")
+  train_cmd->add_option("--max-len", max_len,
+                        "Positions of the model (default: the task's longest sequence; a seq2seq task's on each side)")
       ->check(whole(1, max_width));
   train_cmd->add_option("--positions", positions, "learned (default) or sinusoidal")
       ->check(CLI::IsMember(qkv::nn::names_of(qkv::nn::all_positions)));
@@ -291,7 +334,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--n", task_n, "The task's size: " + sizes_text)->check(whole(1, 1000));
   train_cmd->add_option("--seed", seed, "Seed of every random draw")->check(whole(0, UINT64_MAX));
   train_cmd->add_option("--steps", steps, "Optimizer steps")->check(count);
-  train_cmd->add_option("--layers", layers, "Attention layers")->check(whole(1, max_layers));
+  train_cmd->add_option("--layers", layers, "Attention layers (a seq2seq task's: of the encoder and of the decoder)")
+      ->check(whole(1, max_layers));
+  train_cmd->add_option("--encoder-layers", encoder_layers, "A seq2seq task's encoder layers (default: --layers)")
+      ->check(whole(1, max_layers));
   train_cmd->add_option("--heads", heads, "Query heads per layer")->check(whole(1, max_width));
   train_cmd->add_option("--d-model", d_model, "Width of the residual stream")->check(whole(1, max_width));
   train_cmd->add_option("--d-head", d_head, "Query/key width per head (default d_model / heads)")
@@ -346,10 +392,11 @@ int main(int argc, char** argv) {
   ablate_cmd->add_flag("--json", ablate_json, "Print the numbers as one JSON object");
 
   GenerateArgs generate_args;
-  auto* generate_cmd = app.add_subcommand("generate", "Continue an input with the model of a run whose task predicts the next token");
+  auto* generate_cmd = app.add_subcommand(
+      "generate", "Continue an input with the model of a run whose task predicts the next token, or write a seq2seq run's output");
   generate_cmd->add_option("DIR", generate_args.dir, "Run folder (as qkv train --out)")->required();
-  generate_cmd->add_option("--input", generate_args.input, "The tokens to continue")->required();
-  generate_cmd->add_option("--tokens", generate_args.tokens, "Tokens to generate (default: up to the model's positions)")
+  generate_cmd->add_option("--input", generate_args.input, "The tokens to continue, or a seq2seq task's source")->required();
+  generate_cmd->add_option("--tokens", generate_args.tokens, "Tokens to generate (default: up to the model's positions, or its end token)")
       ->check(whole(1, max_width));
   generate_cmd->add_flag("--no-cache", generate_args.no_cache, "Run the model on the whole sequence at every step");
   generate_cmd->add_option("--temperature", generate_args.temperature, "Sample at this temperature (default 0: greedy)");
@@ -426,11 +473,14 @@ int main(int argc, char** argv) {
       };
       set(steps, o.steps);
       set(layers, o.model.layers);
+      if (o.encoder_layers) set(encoder_layers ? encoder_layers : layers, o.encoder_layers);
+      else if (encoder_layers) usage("--encoder-layers", "is for seq2seq tasks; the {} task trains a decoder-only model", task);
       set(heads, o.model.heads);
       set(d_model, o.model.d_model);
       set(d_head, o.model.d_head);
       set(kv_heads, o.model.kv_heads);
       set(max_len, o.model.max_len);
+      if (o.max_source_len) set(max_len, o.max_source_len);  // a seq2seq task's positions on each side
       if (!positions.empty()) o.model.positions = *qkv::nn::from_name(qkv::nn::all_positions, positions);
       set(batch, o.batch);
       set(checkpoint_every, o.checkpoint_every);

@@ -23,6 +23,7 @@
 #include "qkv/nn/detail/json.hpp"
 #include "qkv/nn/detail/transformer_json.hpp"
 #include "qkv/nn/files.hpp"
+#include "qkv/nn/generate.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/optim/adam.hpp"
 #include "qkv/optim/schedule.hpp"
@@ -36,12 +37,17 @@ namespace {
 // Held-out sequences come from a generator no training batch uses.
 constexpr std::uint64_t held_out_stream = 0x9e3779b97f4a7c15ULL;
 
+nlohmann::json model_json(const TrainOptions& o) {
+  return o.encoder_layers ? nn::detail::encoder_decoder_config_json(encoder_decoder_config(o))
+                          : nn::detail::transformer_config_json(o.model);
+}
+
 nlohmann::json config_json(const TrainOptions& o) {
   return {{"task", o.task}, {"n", o.n}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
           {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
           {"checkpoint_every", o.checkpoint_every}, {"snapshot_every", o.snapshot_every}, {"threads", o.threads}, {"blas", o.blas},
           {"mask_padding", o.mask_padding},
-          {"model", nn::detail::transformer_config_json(o.model)}, {"tokens", token_names(*make_task(o.task, o.n))}};
+          {"model", model_json(o)}, {"tokens", token_names(*make_task(o.task, o.n))}};
 }
 
 template <class... Args>
@@ -66,20 +72,68 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
   // In doubles: the sizes may be absurd, and the products must not wrap.
   const nn::TransformerConfig& m = o.model;
   const double D = double(m.d_model), L = double(m.layers), H = double(m.heads), T = double(m.max_len);
+  const double S = double(o.max_source_len), encoder_layers = double(o.encoder_layers);
   const double Hkv = double(m.kv_heads ? m.kv_heads : m.heads);
   const double dh = double(nn::head_dim(m)), B = double(o.batch);  // check_options ran: heads ≥ 1
   const double qkv_width = (H + 2 * Hkv) * dh, mlp = m.mlp ? 1.0 : 0.0;
   // Each parameter: its value, gradient and Adam's two moments, in float32.
   MemoryEstimate e;
+  const double parameters = o.encoder_layers ? nn::parameter_count(encoder_decoder_config(o)) : nn::parameter_count(m);
   // Fixed sinusoids are not parameters, but their float32 and float64 tables take 12 bytes a cell.
-  e.model = 16 * nn::parameter_count(m) + (m.positions == nn::Positions::sinusoidal ? 12 * T * D : 0);
+  e.model = 16 * parameters + (m.positions == nn::Positions::sinusoidal ? 12 * (T + S) * D : 0);
   // A step keeps, per layer, a few (B, T, D)-sized activations, the packed q/k/v, and the attention
-  // weights (B, H, T, T, padded to 16 queries); backward allocates as much again for gradients.
-  const double padded_T = std::ceil(T / 16) * 16;
-  const double per_layer_step = B * T * (6 * D + 2 * qkv_width + mlp * 14 * D) + 2 * B * H * T * padded_T;
-  e.step = 2 * 4 * (L * per_layer_step + B * T * (3 * D + 2 * double(m.n_classes)));
+  // weights (B, H, T, T, padded to 16 queries); backward allocates as much again for gradients. An
+  // encoder-decoder's decoder layers attend twice, to themselves and to the source.
+  const auto layer = [&](double queries, double keys) {
+    return B * queries * (6 * D + 2 * qkv_width + mlp * 14 * D) + 2 * B * H * queries * (std::ceil(keys / 16) * 16);
+  };
+  const double layers = encoder_layers * layer(S, S) + L * (layer(T, T) + (o.encoder_layers ? layer(T, S) : 0));
+  e.step = 2 * 4 * (layers + B * T * (3 * D + 2 * double(m.n_classes)) + B * S * 3 * D);
   return e;
 }
+
+nn::EncoderDecoderConfig encoder_decoder_config(const TrainOptions& o) {
+  const TaskInfo info = make_task(o.task, o.n)->info();
+  if (!info.seq2seq) fail("train", "the {} task trains a decoder-only model, not an encoder-decoder", o.task);
+  const nn::TransformerConfig& m = o.model;
+  return {.src_vocab = info.seq2seq->source_vocab, .tgt_vocab = m.vocab_size, .max_src_len = o.max_source_len,
+          .max_tgt_len = m.max_len, .encoder_layers = o.encoder_layers, .decoder_layers = m.layers, .d_model = m.d_model,
+          .heads = m.heads, .d_head = m.d_head, .qk = m.qk, .proj = m.proj, .mlp = m.mlp, .positions = m.positions,
+          .dtype = m.dtype};
+}
+
+namespace {
+
+// The options' field of an EncoderDecoderConfig field.
+std::string options_field(const std::string& field) {
+  if (field == "encoder_layers") return "encoder_layers";
+  if (field == "max_src_len") return "max_source_len";
+  return "model." + (field == "decoder_layers" ? "layers" : field == "max_tgt_len" ? "max_len" : field);
+}
+
+// The options of a seq2seq task: an encoder-decoder has no GQA, unscaled scores, frozen
+// embeddings or other masks than its own.
+void check_seq2seq_options(const TrainOptions& o, const TaskInfo& info) {
+  const nn::TransformerConfig& m = o.model;
+  check_range("encoder_layers", o.encoder_layers, 1, max_layers);
+  check_range("max_source_len", o.max_source_len, info.seq2seq->max_source_len, max_width);
+  const auto refuse = [&](const char* field, bool bad, const char* what) {
+    if (bad) out_of_range(field, "is not for the {} task's encoder-decoder, which {}", o.task, what);
+  };
+  refuse("model.kv_heads", m.kv_heads != 0, "has a key and value head per query head");
+  refuse("model.scale", !m.scale, "scales its scores by 1/sqrt(d_head)");
+  refuse("model.embeddings", m.frozen_embeddings, "trains its embeddings");
+  refuse("model.causal_layers", !m.causal || !m.causal_layers.empty(),
+         "attends bidirectionally in the encoder and causally in the decoder");
+  refuse("snapshot_every", o.snapshot_every != 0, "snapshots do not follow (they follow decoder-only models)");
+  try {
+    nn::check(encoder_decoder_config(o));
+  } catch (const nn::ConfigError& e) {
+    throw OptionError(options_field(e.field), e.what());
+  }
+}
+
+}  // namespace
 
 void check_options(const TrainOptions& o) {
   const auto names = task_names();
@@ -118,6 +172,9 @@ void check_options(const TrainOptions& o) {
   check_range("model.d_model", m.d_model, 1, max_width);
   check_range("model.heads", m.heads, 1, max_width);
   check_range("model.d_head", m.d_head, 0, max_width);
+  if (info.seq2seq) return check_seq2seq_options(o, info);
+  if (o.encoder_layers || o.max_source_len)
+    out_of_range(o.encoder_layers ? "encoder_layers" : "max_source_len", "is for seq2seq tasks; the {} task trains a decoder-only model", o.task);
   try {
     nn::check(m);
   } catch (const nn::ConfigError& e) {
@@ -181,7 +238,19 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   if (r.has("threads")) o.threads = r.count("threads", 1, max_threads);
   if (r.has("blas")) o.blas = r.text("blas");
   o.mask_padding = r.has("mask_padding") && r.flag("mask_padding");  // older runs trained without
-  o.model = nn::detail::read_transformer_config(r.at("model"), file, "model.");
+  if (o.encoder_layers) {  // a seq2seq task's run: its model is an encoder-decoder
+    const nn::EncoderDecoderConfig c = nn::detail::read_encoder_decoder_config(r.at("model"), file, "model.");
+    const std::size_t source_vocab = make_task(task, o.n)->info().seq2seq->source_vocab;
+    if (c.src_vocab != source_vocab)
+      r.fail_at("model", "has src_vocab {}, but the {} task's sources have {} tokens", c.src_vocab, task, source_vocab);
+    o.model.vocab_size = o.model.n_classes = c.tgt_vocab;
+    o.model.max_len = c.max_tgt_len, o.model.layers = c.decoder_layers, o.model.d_model = c.d_model;
+    o.model.heads = c.heads, o.model.d_head = c.d_head, o.model.qk = c.qk, o.model.proj = c.proj, o.model.mlp = c.mlp;
+    o.model.positions = c.positions;
+    o.encoder_layers = c.encoder_layers, o.max_source_len = c.max_src_len;
+  } else {
+    o.model = nn::detail::read_transformer_config(r.at("model"), file, "model.");
+  }
   // The task's token names, which inspect shows: absent from runs written before they were recorded.
   const nlohmann::json tokens = token_names(*make_task(task, o.n));
   if (r.has("tokens") && r.at("tokens") != tokens)
@@ -212,18 +281,43 @@ TrainOptions default_options(const std::string& task_name, std::size_t n) {
   o.model.max_len = info.max_len;
   o.model.readout = info.readout;
   o.model.causal = info.causal;
+  if (info.seq2seq) {
+    o.encoder_layers = 1;
+    o.max_source_len = info.seq2seq->max_source_len;
+  }
   spec.defaults(o);
   return o;
 }
 
-std::unique_ptr<nn::Transformer> load_model(const std::string& dir) {
+namespace {
+
+// The options of a run folder whose model is (`seq2seq`) or is not an encoder-decoder, once its
+// memory is checked.
+TrainOptions checked_run(const std::string& dir, bool seq2seq) {
   const TrainOptions o = read_config(dir);
+  if ((o.encoder_layers > 0) != seq2seq)
+    throw std::runtime_error(fmt::format("{}: a {} run, whose model is {}", dir, o.task,
+                                         seq2seq ? "decoder-only, not an encoder-decoder"
+                                                 : "an encoder-decoder: this reads decoder-only models"));
   try {
     check_memory(o, false);
   } catch (const OptionError& e) {
     throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", dir, e.field, e.what()));
   }
-  return nn::load_transformer(dir);  // the program's checks passed: the library's loader does the rest
+  return o;
+}
+
+}  // namespace
+
+// The program's checks passed: the library's loaders do the rest.
+std::unique_ptr<nn::Transformer> load_model(const std::string& dir) {
+  checked_run(dir, false);
+  return nn::load_transformer(dir);
+}
+
+std::unique_ptr<nn::EncoderDecoder> load_encoder_decoder(const std::string& dir) {
+  checked_run(dir, true);
+  return nn::load_encoder_decoder(dir);
 }
 
 MetricsLog::MetricsLog(std::string path, bool truncate)
@@ -267,15 +361,63 @@ MaskArray key_padding(const nn::Transformer& model, const Task& task, const Inde
   return xt::not_equal(tokens, *pad);
 }
 
-Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
-                 bool mask_padding) {
+MaskArray source_padding(const Task& task, const IndexArray& source) {
+  return xt::not_equal(source, as_seq2seq(task)->sides().source_pad);
+}
+
+namespace {
+
+// A training step's forward: the loss of a batch and the predictions at each position.
+struct Forward {
+  Tensor loss;
+  IndexArray predictions;
+};
+
+Forward forward(const nn::Transformer& model, const Task& task, const Batch& b, bool mask_padding) {
+  const nn::TransformerOutput f = model.forward(b.tokens, false, key_padding(model, task, b.tokens, mask_padding));
+  return {model.loss(f, b.targets), nn::Transformer::predictions(f.logits)};
+}
+
+Forward forward(const nn::EncoderDecoder& model, const Task& task, const Batch& b, bool) {
+  const nn::EncoderDecoderOutput f = model.forward(b.source, b.tokens, false, source_padding(task, b.source));
+  return {model.loss(f, b.targets), nn::Transformer::predictions(f.logits)};
+}
+
+template <class Model>
+Metrics evaluate_model(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
+                       bool mask_padding) {
   NoGradGuard no_grad;
   Generator gen = held_out_generator(seed);
   MetricsSum total;
   for (std::size_t i = 0; i < batches; ++i) {
     const Batch b = task.sample(batch_size, gen);
-    const MaskArray padding = key_padding(model, task, b.tokens, mask_padding);
-    total.add(score(nn::Transformer::predictions(model.forward(b.tokens, false, padding).logits), b));
+    total.add(score(forward(model, task, b, mask_padding).predictions, b));
+  }
+  return total.result();
+}
+
+}  // namespace
+
+Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
+                 bool mask_padding) {
+  return evaluate_model(model, task, batches, batch_size, seed, mask_padding);
+}
+
+Metrics evaluate(const nn::EncoderDecoder& model, const Task& task, std::size_t batches, std::size_t batch_size,
+                 std::uint64_t seed, bool mask_padding) {
+  return evaluate_model(model, task, batches, batch_size, seed, mask_padding);
+}
+
+Metrics evaluate_generation(const nn::EncoderDecoder& model, const Seq2SeqTask& task, std::size_t batches,
+                            std::size_t batch_size, std::uint64_t seed) {
+  NoGradGuard no_grad;
+  Generator gen = held_out_generator(seed), unused(0);  // greedy decoding draws nothing
+  MetricsSum total;
+  for (std::size_t i = 0; i < batches; ++i) {
+    Batch b = task.sample(batch_size, gen);
+    const IndexArray written = nn::generate(model, b.source, task.sides().start, b.targets.shape()[1], {}, unused, true,
+                                            source_padding(task, b.source));
+    total.add(score(written, b));
   }
   return total.result();
 }
@@ -372,11 +514,12 @@ class RunFolder {
 // Which parameters a training step updates: those that get a gradient (so not the frozen ones, nor
 // one the readout never reads), found by one step's backward on a sequence from a generator of
 // its own.
-std::vector<bool> updated_parameters(const nn::Transformer& model, const Task& task) {
+template <class Model>
+std::vector<bool> updated_parameters(const Model& model, const Task& task) {
   Generator probe(1);
   const Batch b = task.sample(1, probe);
   const std::vector<Tensor> params = model.parameters();
-  model.loss(model.forward(b.tokens, false, key_padding(model, task, b.tokens)), b.targets).backward();
+  forward(model, task, b, true).loss.backward();
   std::vector<bool> updated;
   for (Tensor p : params) {
     updated.push_back(p.requires_grad() && p.grad().defined());
@@ -397,23 +540,12 @@ void note_differences(const TrainOptions& recorded, std::ostream& notes) {
                          recorded.blas, blas_kernels());
 }
 
-}  // namespace
-
-TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe) {
-  TrainOptions o = options;
-  o.threads = get_num_threads();
-  if (!o.resume) o.blas = blas_kernels();
-  check_options(o);
-  check_memory(o, true);
-  const auto task = make_task(o.task, o.n);
-  Generator gen(o.seed);
-  std::optional<nn::Transformer> built;
-  try {
-    built.emplace(o.model, gen);
-  } catch (const std::invalid_argument& e) {
-    throw OptionError("model", e.what());
-  }
-  nn::Transformer& model = *built;
+// The run of `options` (checked, as `o` with this machine's threads and BLAS) on `model`, built
+// from `gen`, which then draws the training batches.
+template <class Model>
+TrainResult run(Model& model, const TrainOptions& options, const TrainOptions& o, const Task& task, Generator& gen,
+                std::ostream& progress, bool tty, const TrainObserver& observe) {
+  constexpr bool decoder_only = std::is_same_v<Model, nn::Transformer>;
   optim::Adam opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   // At most half the run warms up, so that even a 1-step run has a schedule.
   const std::size_t warmup = std::clamp<std::size_t>(o.warmup, 1, std::max<std::size_t>(1, o.steps / 2));
@@ -427,7 +559,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   std::size_t first_step = 0;
   if (o.resume) {
     note_differences(options, progress);  // a resumed run's options are its config.json's
-    const CheckpointCheck check{.max_step = o.steps, .updated = updated_parameters(model, *task)};
+    const CheckpointCheck check{.max_step = o.steps, .updated = updated_parameters(model, task)};
     CheckpointState state;
     const auto restore = [&](const nn::Checkpoint& c) { state = restore_checkpoint(c, model, opt, check); };
     std::ostringstream notes;  // what the resume passed over: each note as "qkv train: …"
@@ -449,9 +581,9 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   MetricsLog metrics(metrics_file, !o.resume);
   std::optional<MetricsLog> snapshots;
   std::optional<Snapshots> snapshot;
-  if (o.snapshot_every) {
+  if (o.snapshot_every) {  // check_options allows them for decoder-only models
     snapshots.emplace(snapshots_file, !o.resume || first_step == 0);
-    snapshot.emplace(o, *task);
+    snapshot.emplace(o, task);
   }
 
   const auto start = std::chrono::steady_clock::now();
@@ -459,10 +591,12 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   double observing = 0;  // the observer's time, which the run's seconds leave out
   const auto elapsed = [&] { return since(start) - observing; };
   const auto observed = [&](std::size_t step) {
-    const auto t = std::chrono::steady_clock::now();
-    if (snapshot && snapshot->due(step)) snapshots->write(snapshot->take(step, model).dump());
-    if (observe) observe(step, model);
-    observing += since(t);
+    if constexpr (decoder_only) {
+      const auto t = std::chrono::steady_clock::now();
+      if (snapshot && snapshot->due(step)) snapshots->write(snapshot->take(step, model).dump());
+      if (observe) observe(step, model);
+      observing += since(t);
+    }
   };
   const std::size_t last_step = o.stop_after ? std::min(o.stop_after, o.steps) : o.steps;
   TrainResult result;
@@ -470,16 +604,15 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   std::size_t since_log = 0;
   if (first_step == 0) observed(0);
   for (std::size_t step = first_step; step < last_step; ++step) {
-    const Batch b = task->sample(o.batch, gen);
+    const Batch b = task.sample(o.batch, gen);
     schedule.apply(opt, step);
     opt.zero_grad();
-    const nn::TransformerOutput f = model.forward(b.tokens, false, key_padding(model, *task, b.tokens, o.mask_padding));
-    const Tensor loss = model.loss(f, b.targets);
-    loss.backward();
+    const Forward f = forward(model, task, b, o.mask_padding);
+    f.loss.backward();
     optim::clip_grad_norm(model.parameters(), o.clip);
     opt.step();
-    running_loss += loss.item();
-    running_acc += score(nn::Transformer::predictions(f.logits), b).accuracy;
+    running_loss += f.loss.item();
+    running_acc += score(f.predictions, b).accuracy;
     ++since_log;
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
       const double seconds = elapsed(), rate = double(step + 1 - first_step) / seconds;
@@ -497,7 +630,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
       since_log = 0;
     }
     if (o.target_every && !result.steps_to_target && (step + 1) % o.target_every == 0 &&
-        evaluate(model, *task, o.target_batches, o.batch, o.seed, o.mask_padding).accuracy >= o.target)
+        evaluate(model, task, o.target_batches, o.batch, o.seed, o.mask_padding).accuracy >= o.target)
       result.steps_to_target = step + 1;
     observed(step + 1);
     if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step) {
@@ -508,8 +641,35 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   if (tty) progress << "\n";
   result.steps = last_step;
   result.seconds = elapsed();
-  result.eval = evaluate(model, *task, o.eval_batches, o.batch, o.seed, o.mask_padding);
+  result.eval = evaluate(model, task, o.eval_batches, o.batch, o.seed, o.mask_padding);
   return result;
+}
+
+// The model of the options, drawn from `gen`.
+template <class Model, class Config>
+std::unique_ptr<Model> build(const Config& config, Generator& gen) {
+  try {
+    return std::make_unique<Model>(config, gen);
+  } catch (const std::invalid_argument& e) {
+    throw OptionError("model", e.what());
+  }
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe) {
+  TrainOptions o = options;
+  o.threads = get_num_threads();
+  if (!o.resume) o.blas = blas_kernels();
+  check_options(o);
+  check_memory(o, true);
+  const auto task = make_task(o.task, o.n);
+  Generator gen(o.seed);
+  if (o.encoder_layers) {
+    if (observe) fail("train", "an observer sees decoder-only models, and the {} task trains an encoder-decoder", o.task);
+    return run(*build<nn::EncoderDecoder>(encoder_decoder_config(o), gen), options, o, *task, gen, progress, tty, observe);
+  }
+  return run(*build<nn::Transformer>(o.model, gen), options, o, *task, gen, progress, tty, observe);
 }
 
 }  // namespace qkv::cli

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "examples/cli/tasks/task.hpp"
+#include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
 
 namespace qkv::cli {
@@ -47,8 +48,15 @@ struct TrainOptions {
   // first step where it reaches `target` is TrainResult::steps_to_target.
   double target = 0;
   std::size_t target_every = 0, target_batches = 4;
+  // The decoder-only model; for a seq2seq task the encoder-decoder's decoder (layers, max_len: its
+  // positions) and what both sides share (d_model, heads, qk, proj, mlp, positions), with:
   nn::TransformerConfig model;
+  std::size_t encoder_layers = 0;  // the encoder's layers (0 for other tasks)
+  std::size_t max_source_len = 0;  // the encoder's positions (0 for other tasks)
 };
+
+// The encoder-decoder of a seq2seq task's options (its vocabularies the task's).
+nn::EncoderDecoderConfig encoder_decoder_config(const TrainOptions& options);
 
 // The largest values train accepts. Memory is checked apart (check_memory), and refuses most runs
 // long before these.
@@ -113,8 +121,10 @@ using TrainObserver = std::function<void(std::size_t step, const nn::Transformer
 TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe = {});
 
 // The model of a run folder, once config.json passes the program's checks (its task, ranges and
-// memory): nn::load_transformer. Throws std::runtime_error naming the file at fault.
+// memory): nn::load_transformer, or for a seq2seq task's run nn::load_encoder_decoder. Throws
+// std::runtime_error naming the file at fault (load_model: a seq2seq run's folder, naming its task).
 std::unique_ptr<nn::Transformer> load_model(const std::string& dir);
+std::unique_ptr<nn::EncoderDecoder> load_encoder_decoder(const std::string& dir);
 
 // Appends one JSON object a line to a run's metrics.jsonl, flushed at once; a failed write throws
 // std::runtime_error naming the file (a full disk fails the run, rather than losing its log).
@@ -142,8 +152,19 @@ MaskArray key_padding(const nn::Transformer& model, const Task& task, const Inde
 // The generator of the held-out sequences of `seed`: a stream no training batch draws from.
 Generator held_out_generator(std::uint64_t seed);
 
-// Accuracy of `model` on `batches` fresh batches drawn from held_out_generator(seed).
+// The source padding of a seq2seq batch, (B, S) false at the task's source_pad: no query attends it.
+MaskArray source_padding(const Task& task, const IndexArray& source);
+
+// Accuracy of `model` on `batches` fresh batches drawn from held_out_generator(seed); a seq2seq
+// model's with teacher forcing (each position given the right output before it).
 Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
                  bool mask_padding = true);
+Metrics evaluate(const nn::EncoderDecoder& model, const Task& task, std::size_t batches, std::size_t batch_size,
+                 std::uint64_t seed, bool mask_padding = true);
+// The same sequences decoded greedily with the KV cache, from the start token alone: a position is
+// right when the generated token is the output's (or the end token after it), a sequence when all
+// are, up to its end token. (Equal to teacher forcing's exact match, but for ties of the logits.)
+Metrics evaluate_generation(const nn::EncoderDecoder& model, const Seq2SeqTask& task, std::size_t batches,
+                            std::size_t batch_size, std::uint64_t seed);
 
 }  // namespace qkv::cli

@@ -268,6 +268,38 @@ case "$scenario" in
     run "$qkv" generate brackets --input "(("
     expect 1 "brackets: a brackets model predicts positions, not the next token: it cannot generate"
     ;;
+  seq2seq)  # a translate model writes held-out sentences' translations, the same with and without the KV cache
+    "$qkv" train translate --out run >/dev/null 2>&1 || fail "the translate run did not train"
+    while IFS='|' read -r source expected; do
+      out="$("$qkv" generate run --input "$source")" || fail "generate failed on '$source'"
+      [ "$out" = "$expected" ] || fail "'$source' became '$out', not '$expected'"
+      for sampling in "" "--temperature 2 --top-k 4 --seed 9"; do
+        a="$("$qkv" generate run --input "$source" $sampling)" || fail "generate failed"
+        b="$("$qkv" generate run --input "$source" $sampling --no-cache)" || fail "generate --no-cache failed"
+        [ "$a" = "$b" ] || fail "with the cache '$a', without '$b'"
+      done
+    done <<'SENTENCES'
+big cat chases small mouse|ookii neko chiisai nezumi ou
+dog sees old bear|inu furui kuma miru
+young horse likes fish|wakai uma sakana konomu
+lion bites black dog|raion kuroi inu kamu
+SENTENCES
+    eval="$("$qkv" eval run --n 256)" || fail "eval failed"
+    # {"accuracy":…,"dir":…,"exact_match":FORCED,"generated":{"accuracy":…,"exact_match":GENERATED},…}
+    forced="$(sed -E 's/.*"exact_match":([^,}]*),"generated".*/\1/' <<<"$eval")"
+    generated="$(sed -E 's/.*"generated":\{[^}]*"exact_match":([^,}]*)\}.*/\1/' <<<"$eval")"
+    awk -v f="$forced" -v g="$generated" 'BEGIN { exit !(f >= 0.99 && g >= 0.99) }' || fail "eval: $eval"
+    run "$qkv" generate run --input "cat chases unicorn"
+    expect 2 "--input: translate: cannot read 'unicorn'"
+    run "$qkv" generate run --input "cat eats fish" --tokens 7
+    expect 2 "--tokens: 7 pass the decoder's 6 positions"
+    run "$qkv" ablate run
+    expect 1 "run: a translate run, whose model is an encoder-decoder"
+    run "$qkv" train translate --out other --kv-heads 1
+    expect 2 "--kv-heads: is not for the translate task's encoder-decoder"
+    run "$qkv" train brackets --out other --encoder-layers 2
+    expect 2 "--encoder-layers: is for seq2seq tasks"
+    ;;
   *)
     fail "no scenario '$scenario'"
     ;;

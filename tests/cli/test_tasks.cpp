@@ -146,7 +146,7 @@ TEST_CASE("score: accuracy over scored positions and exact match over sequences"
 
 TEST_CASE("an unknown task is named, with the known ones") {
   CHECK(invalid_argument_message([] { make_task("sorting"); }) ==
-        "task: unknown task 'sorting' (known: brackets, rps, induction, line, cycle)");
+        "task: unknown task 'sorting' (known: brackets, rps, induction, line, cycle, reverse, sort, translate)");
 }
 
 TEST_CASE("token names label every token of each task") {
@@ -163,7 +163,8 @@ TEST_CASE("token names label every token of each task") {
 }
 
 TEST_CASE("every registered task is whole: its generator, defaults that pass the checks, a target and budgets") {
-  CHECK(task_names() == std::vector<std::string>{"brackets", "rps", "induction", "line", "cycle"});
+  CHECK(task_names() ==
+        std::vector<std::string>{"brackets", "rps", "induction", "line", "cycle", "reverse", "sort", "translate"});
   for (const TaskSpec& spec : task_registry()) {
     INFO(spec.name);
     const auto task = spec.make(spec.default_size);
@@ -178,6 +179,10 @@ TEST_CASE("every registered task is whole: its generator, defaults that pass the
     CHECK(spec.target <= 1.0);
     for (const LongerLengths& l : spec.longer) CHECK(l.make()->info().max_len > task->info().max_len);
     CHECK(token_names(*task).size() == task->info().vocab_size);
+    // A seq2seq task trains an encoder-decoder, with the positions of its sources.
+    CHECK((as_seq2seq(*task) != nullptr) == task->info().seq2seq.has_value());
+    CHECK((o.encoder_layers > 0) == task->info().seq2seq.has_value());
+    if (task->info().seq2seq) CHECK(o.max_source_len == task->info().seq2seq->max_source_len);
   }
   CHECK(default_options("rps").model.layers == 1);
   CHECK(default_options("brackets").lr == 1e-2);
@@ -242,5 +247,100 @@ TEST_CASE("the relation probe: an untied head ranks a cycle, a symmetric one can
     CHECK(value(s, "top1_max") <= 4.0 / 5);  // the bound: at most n − 1 of n
     CHECK(std::abs(value(s, "alignment")) < 1e-6);  // a symmetric table has no antisymmetric part
     CHECK(s.violations.empty());
+  }
+}
+
+namespace {
+
+// Each row of a seq2seq batch holds its example: the source then padding, the decoder's input
+// (start, the output, then end) and its targets (the output, end, then nothing scored).
+void check_batch(const Seq2SeqTask& task, const Batch& b, const std::vector<Seq2SeqExample>& examples) {
+  const Seq2SeqInfo& s = task.sides();
+  REQUIRE(b.source.shape()[0] == examples.size());
+  for (std::size_t i = 0; i < examples.size(); ++i) {
+    const Seq2SeqExample& e = examples[i];
+    for (std::size_t t = 0; t < b.source.shape()[1]; ++t)
+      CHECK(b.source(i, t) == (t < e.source.size() ? e.source[t] : s.source_pad));
+    for (std::size_t t = 0; t < b.tokens.shape()[1]; ++t) {
+      CHECK(b.tokens(i, t) == (t == 0 ? s.start : t <= e.output.size() ? e.output[t - 1] : s.end));
+      CHECK(b.targets(i, t) == (t < e.output.size() ? e.output[t] : t == e.output.size() ? s.end : ignore_target));
+    }
+  }
+}
+
+std::vector<std::vector<std::size_t>> positions(std::initializer_list<std::size_t> each) {
+  std::vector<std::vector<std::size_t>> out;
+  for (std::size_t p : each) out.push_back({p});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("reverse, sort and translate: outputs and alignments by hand") {
+  const auto reverse = make_task("reverse"), sort = make_task("sort"), translate = make_task("translate");
+  const Seq2SeqTask& r = *as_seq2seq(*reverse);
+  const Seq2SeqTask& s = *as_seq2seq(*sort);
+  const Seq2SeqTask& t = *as_seq2seq(*translate);
+  CHECK_FALSE(as_seq2seq(*make_task("brackets")));
+
+  auto e = r.example(r.encode("3 1 4 1"));
+  REQUIRE(e);
+  CHECK(e->output == std::vector<std::int64_t>{1, 4, 1, 3});
+  CHECK(e->alignment == positions({3, 2, 1, 0}));
+  CHECK(r.decode({1, 4, 1, 3, 11, 7}) == "1 4 1 3");  // up to the end token
+  CHECK(r.token_name(10) == "BOS");
+  CHECK(r.source_token_name(10) == "pad");
+  CHECK_FALSE(r.example(r.encode("3 1")));  // shorter than the task's sources
+
+  e = s.example(s.encode("31 4 17 0"));
+  REQUIRE(e);
+  CHECK(e->output == std::vector<std::int64_t>{0, 4, 17, 31});
+  CHECK(e->alignment == positions({3, 1, 2, 0}));  // where each value is: content, not position
+  CHECK_FALSE(s.example(s.encode("5 3 5")));  // sort's values are distinct
+  CHECK_THAT(invalid_argument_message([&] { s.encode("3 32"); }), Contains("cannot read '32'"));
+
+  e = t.example(t.encode("big cat chases small mouse"));
+  REQUIRE(e);
+  CHECK(t.decode(e->output) == "ookii neko chiisai nezumi ou");
+  CHECK(e->alignment == positions({0, 1, 3, 4, 2}));  // the verb goes last
+  e = t.example(t.encode("dog sees old bear"));
+  REQUIRE(e);
+  CHECK(t.decode(e->output) == "inu furui kuma miru");
+  CHECK(e->alignment == positions({0, 2, 3, 1}));
+  CHECK_FALSE(t.example(t.encode("cat mouse chases")));
+  CHECK_FALSE(t.example(t.encode("big chases mouse")));
+  CHECK_FALSE(t.example(t.encode("cat chases mouse mouse")));
+  CHECK_THAT(invalid_argument_message([&] { t.encode("cat chases unicorn"); }), Contains("cannot read 'unicorn'"));
+
+  // A batch of given examples, padded.
+  const std::vector<Seq2SeqExample> examples = {*t.example(t.encode("cat eats fish")),
+                                                *t.example(t.encode("young lion helps red bird"))};
+  const Batch b = t.batch(examples);
+  CHECK(b.source.shape() == std::vector<std::size_t>{2, 5});
+  CHECK(b.tokens.shape() == std::vector<std::size_t>{2, 6});
+  check_batch(t, b, examples);
+}
+
+TEST_CASE("seq2seq batches hold the examples the task draws, whatever the seed") {
+  for (const char* name : {"reverse", "sort", "translate"}) {
+    INFO(name);
+    const auto task = make_task(name);
+    const Seq2SeqTask& s = *as_seq2seq(*task);
+    Generator a(5), b(5);
+    std::vector<Seq2SeqExample> drawn;
+    for (int i = 0; i < 64; ++i) drawn.push_back(s.draw(a));
+    const Batch batch = s.sample(64, b);
+    check_batch(s, batch, drawn);
+    std::set<std::size_t> lengths;
+    for (const Seq2SeqExample& e : drawn) {
+      lengths.insert(e.source.size());
+      const auto again = s.example(e.source);  // each drawn source is one of the task's
+      REQUIRE(again);
+      CHECK(again->output == e.output);
+      // Each output token comes from the source position it is aligned with.
+      REQUIRE(e.alignment.size() == e.output.size());
+      for (std::size_t i = 0; i < e.output.size(); ++i) CHECK(e.source[e.alignment[i].at(0)] == e.output[i]);
+    }
+    CHECK(lengths.size() > 2);
   }
 }

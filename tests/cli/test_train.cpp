@@ -332,3 +332,97 @@ TEST_CASE("with the MLP, each block has a LayerNorm and two layers after its att
   without.model.mlp = false;
   CHECK(estimate_memory(o).model > estimate_memory(without).model + 16.0 * 8 * double(o.model.d_model * o.model.d_model));
 }
+
+TEST_CASE("a seq2seq run trains an encoder-decoder that resumes bit-identically and loads back") {
+  std::ostringstream quiet;
+  TrainOptions whole = short_run("reverse", "s2s_whole", 40, 10);
+  const TrainResult r = train(whole, quiet, false);
+  CHECK(r.eval.scored > 0);
+  // config.json's model is the library's EncoderDecoderConfig, read back into the options.
+  const nn::EncoderDecoderConfig c = nn::load_encoder_decoder_config(whole.out);
+  CHECK(c.encoder_layers == 2);
+  CHECK(c.decoder_layers == 1);
+  CHECK(c.src_vocab == 11);
+  CHECK(c.tgt_vocab == 12);
+  CHECK(c.max_src_len == 12);
+  CHECK(c.max_tgt_len == 13);
+  const TrainOptions back = read_config(whole.out);
+  TrainOptions recorded = whole;
+  recorded.blas = back.blas;  // the kernels train ran on
+  CHECK(config_text(back) == config_text(recorded));
+  CHECK(back.encoder_layers == 2);
+  CHECK(back.max_source_len == 12);
+  // The loaded model scores as the trained one did; the decoder-only loader names the run.
+  const auto model = load_encoder_decoder(whole.out);
+  const Metrics again = evaluate(*model, *make_task("reverse"), whole.eval_batches, whole.batch, whole.seed);
+  CHECK(again.accuracy == r.eval.accuracy);
+  CHECK(again.exact_match == r.eval.exact_match);
+  CHECK_THROWS_WITH(load_model(whole.out), Catch::Matchers::Contains("a reverse run, whose model is an encoder-decoder"));
+  CHECK_THROWS_WITH(load_encoder_decoder(short_run("rps", "s2s_other").out),
+                    Catch::Matchers::Contains("config.json: cannot open"));
+
+  TrainOptions first = short_run("reverse", "s2s_split", 40, 10);
+  first.stop_after = 25;
+  CHECK(train(first, quiet, false).steps == 25);
+  TrainOptions rest = read_config(first.out);
+  rest.resume = true;
+  CHECK(train(rest, quiet, false).steps == 40);
+  check_same_weights(whole.out, rest.out);
+  for (const auto& o : {whole, first}) std::filesystem::remove_all(o.out);
+}
+
+TEST_CASE("a seq2seq task refuses what its encoder-decoder has not, and other tasks refuse an encoder") {
+  const auto field = [](TrainOptions o) {
+    try {
+      check_options(o);
+    } catch (const OptionError& e) {
+      return e.field + ": " + e.what();
+    }
+    return std::string("accepted");
+  };
+  const TrainOptions s = default_options("sort");
+  CHECK(field(s) == "accepted");
+  TrainOptions o = s;
+  o.model.kv_heads = 1;
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("model.kv_heads: is not for the sort task's encoder-decoder"));
+  o = s, o.model.scale = false;
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("model.scale:"));
+  o = s, o.model.frozen_embeddings = true;
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("model.embeddings:"));
+  o = s, o.model.causal = false;
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("model.causal_layers:"));
+  o = s, o.snapshot_every = 10;
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("snapshot_every:"));
+  o = s, o.encoder_layers = 0;
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("encoder_layers: is 0, out of range"));
+  o = s, o.max_source_len = 11;  // sort's sources reach 12 tokens
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("max_source_len: is 11, out of range [12,"));
+  o = s, o.model.heads = 3;
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("model.heads:") && Catch::Matchers::Contains("does not divide d_model 64"));
+  o = s, o.model.max_len = 12;  // the decoder needs the longest output and the end token
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("model.max_len: is 12, out of range [13,"));
+  o = default_options("brackets"), o.encoder_layers = 1;
+  CHECK_THAT(field(o), Catch::Matchers::StartsWith("encoder_layers: is for seq2seq tasks"));
+  // The memory a step needs grows with the source's positions too.
+  o = s, o.max_source_len = 1000;
+  CHECK(estimate_memory(o).step > estimate_memory(s).step);
+}
+
+TEST_CASE("translate trains with its defaults to exact outputs, teacher-forced and generated alike") {
+  std::ostringstream quiet;
+  TrainOptions o = default_options("translate");
+  o.out = qkv::test::temp_folder("train_translate");
+  std::filesystem::remove_all(o.out);
+  const TrainResult r = train(o, quiet, false);
+  CHECK(r.eval.exact_match >= 0.99);
+  const auto model = load_encoder_decoder(o.out);
+  const auto task = make_task("translate");
+  const Metrics forced = evaluate(*model, *task, 8, 32, 5), written = evaluate_generation(*model, *as_seq2seq(*task), 8, 32, 5);
+  CHECK(forced.sequences == 256);
+  CHECK(written.sequences == 256);
+  CHECK(written.exact_match >= 0.99);
+  // Greedy decoding writes a whole output right exactly when teacher forcing predicts every token
+  // of it (but for ties of the logits, and for the cache's rounding).
+  CHECK(std::abs(written.exact_match - forced.exact_match) <= 1.0 / 256);
+  std::filesystem::remove_all(o.out);
+}

@@ -1,6 +1,7 @@
 // The tasks the program knows, in the order `qkv tasks` lists them. Task NAME is defined in
 // tasks/NAME.cpp as `TaskSpec NAME_task()`; a new task is that file and its name on this line:
-#define QKV_TASKS(TASK) TASK(brackets) TASK(rps) TASK(induction) TASK(line) TASK(cycle)
+#define QKV_TASKS(TASK) \
+  TASK(brackets) TASK(rps) TASK(induction) TASK(line) TASK(cycle) TASK(reverse) TASK(sort) TASK(translate)
 
 #include "examples/cli/tasks/task.hpp"
 

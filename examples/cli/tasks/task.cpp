@@ -76,6 +76,39 @@ Metrics MetricsSum::result() const {
           .sequences = sequences_};
 }
 
+Batch Seq2SeqTask::sample(std::size_t batch_size, Generator& gen) const {
+  std::vector<Seq2SeqExample> examples;
+  for (std::size_t b = 0; b < batch_size; ++b) examples.push_back(draw(gen));
+  return batch(examples);
+}
+
+Batch Seq2SeqTask::batch(const std::vector<Seq2SeqExample>& examples) const {
+  const Seq2SeqInfo& s = sides();
+  std::size_t S = 0, T = 0;
+  for (const Seq2SeqExample& e : examples) {
+    if (e.source.size() > s.max_source_len || e.output.size() + 1 > info().max_len)
+      fail(info().name, "an example of {} source and {} output tokens, beyond the task's {} and {}", e.source.size(),
+           e.output.size(), s.max_source_len, info().max_len - 1);
+    S = std::max(S, e.source.size());
+    T = std::max(T, e.output.size() + 1);
+  }
+  const std::size_t B = examples.size();
+  Batch batch{filled(B, T, s.end), filled(B, T, ignore_target), filled(B, S, s.source_pad)};
+  for (std::size_t b = 0; b < B; ++b) {
+    const Seq2SeqExample& e = examples[b];
+    std::copy(e.source.begin(), e.source.end(), batch.source.data() + b * S);
+    batch.tokens(b, 0) = s.start;
+    for (std::size_t t = 0; t < e.output.size(); ++t) {
+      batch.targets(b, t) = e.output[t];
+      batch.tokens(b, t + 1) = e.output[t];
+    }
+    batch.targets(b, e.output.size()) = s.end;
+  }
+  return batch;
+}
+
+const Seq2SeqTask* as_seq2seq(const Task& task) { return dynamic_cast<const Seq2SeqTask*>(&task); }
+
 std::vector<std::string> task_names() { return names_of(task_registry()); }
 
 const TaskSpec& task_spec(const std::string& name) { return find_spec(task_registry(), name, "task"); }

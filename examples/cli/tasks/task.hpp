@@ -6,6 +6,11 @@
 // where nothing is scored (padding, openers, the first copy, ...). What a target means depends
 // on the readout: for `pointer` tasks it is the index of the key position the model must attend
 // to (brackets: a closer's opener); for `token` tasks it is a class the task head must predict.
+//
+// A seq2seq task (Seq2SeqTask: reverse, sort, translate) trains an encoder-decoder: its batches
+// also hold the source (B, S) the encoder reads, and their tokens are the decoder's input, the
+// output shifted right after a start token (teacher forcing), whose targets are the output and
+// then the end token.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,9 +28,19 @@ constexpr std::int64_t ignore_target = -100;
 struct Batch {
   IndexArray tokens;   // (B, T), padded with the task's pad token
   IndexArray targets;  // (B, T), ignore_target where nothing is scored
+  IndexArray source{};  // a seq2seq task's (B, S), padded with its source_pad; 0-d for other tasks
 };
 
 using nn::Readout;
+
+// The sides of a seq2seq task: the encoder reads the source; the decoder reads `start`, then the
+// output token by token, and writes `end` after the output's last token.
+struct Seq2SeqInfo {
+  std::size_t source_vocab = 0;    // source ids 0 … source_vocab − 1
+  std::size_t max_source_len = 0;  // the longest source, in tokens
+  std::int64_t source_pad = 0;     // the source token of a batch's shorter rows
+  std::int64_t start = 0, end = 0;  // target ids; the decoder's input past the end holds `end`
+};
 
 struct TaskInfo {
   std::string name;
@@ -36,6 +51,9 @@ struct TaskInfo {
   Readout readout = nn::Readout::token;
   bool causal = true;
   std::optional<std::int64_t> pad{};  // the padding token of a batch's shorter rows, if any
+  // A seq2seq task's source side; then vocab_size (= n_classes) is the output's vocabulary and
+  // max_len the decoder's positions (the longest output and the end token).
+  std::optional<Seq2SeqInfo> seq2seq{};
 };
 
 struct Metrics {
@@ -84,6 +102,32 @@ class Task {
     return std::nullopt;
   }
 };
+
+// A source, its output, and for each output token the source positions it comes from (reverse:
+// the mirrored one; sort: the one holding the value; translate: the word it translates).
+struct Seq2SeqExample {
+  std::vector<std::int64_t> source, output;
+  std::vector<std::vector<std::size_t>> alignment;
+};
+
+// A task that maps a source to an output, for an encoder-decoder. Its text is the source's
+// (encode) and the output's (decode); token_name names output tokens, source_token_name source ones.
+class Seq2SeqTask : public Task {
+ public:
+  // batch_size examples drawn at random.
+  Batch sample(std::size_t batch_size, Generator& gen) const override;
+  // The batch of these examples: sources padded with source_pad, the decoder's input (start, the
+  // output, then `end`) and its targets (the output, `end`, then ignore_target).
+  Batch batch(const std::vector<Seq2SeqExample>& examples) const;
+  virtual Seq2SeqExample draw(Generator& gen) const = 0;
+  // The example of a source; none when the task would never draw it (a word out of the grammar).
+  virtual std::optional<Seq2SeqExample> example(const std::vector<std::int64_t>& source) const = 0;
+  virtual std::string source_token_name(std::int64_t token) const = 0;
+  const Seq2SeqInfo& sides() const { return *info().seq2seq; }
+};
+
+// The task as a Seq2SeqTask; nullptr for a task of one sequence.
+const Seq2SeqTask* as_seq2seq(const Task& task);
 
 struct TrainOptions;  // train.hpp
 
