@@ -85,12 +85,13 @@ std::string heatmap_text(const Heatmap& map, bool color) {
   static const std::array<int, 5> reds = {224, 217, 210, 203, 160}, blues = {189, 153, 111, 69, 27},
                                    oranges = {230, 229, 221, 214, 202};
   std::string out = map.title + "\n";
-  // Column labels: one line when they fit a cell, else written downwards.
-  const std::size_t label_lines = col_label <= 2 ? 1 : col_label;
+  // Column labels: one line when they are single characters (two would run into their
+  // neighbours' without a space between), else written downwards.
+  const std::size_t label_lines = col_label <= 1 ? 1 : col_label;
   for (std::size_t line = 0; line < label_lines; ++line) {
     out += std::string(label_width + 1, ' ');
     for (const std::string& c : map.cols)
-      out += fmt::format("{:<2}", col_label <= 2 ? c : line < c.size() ? c.substr(line, 1) : std::string());
+      out += fmt::format("{:<2}", label_lines == 1 ? c : line < c.size() ? c.substr(line, 1) : std::string());
     out += "\n";
   }
   for (std::size_t i = 0; i < R; ++i) {
@@ -175,7 +176,10 @@ std::string heatmap_svg(const Heatmap& map) {
   const double left = 18 + index_w + text_width(std::string(widest(map.rows), 'x'), font) + 6;
   const double grid_w = cell * double(cols.size()), grid_h = cell * double(rows.size());
   const double title_w = 8 + 7.3 * double(map.title.size());  // bold 12px
-  const double width = std::ceil(std::max(left + grid_w + 80, title_w)), height = std::ceil(std::max(top + grid_h + 12, top + 150));
+  // The legend of the marked cells, below the grid and the colour bar.
+  const double legend_y = std::max(top + grid_h, top + 132) + 14, legend_w = 8 + 6.2 * double(map.marked_legend.size());
+  const double width = std::ceil(std::max({left + grid_w + 80, title_w, legend_w}));
+  const double height = std::ceil(std::max({top + grid_h + 12, top + 150, map.marked_legend.empty() ? 0 : legend_y + 6}));
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" viewBox=\"0 0 {0:.0f} {1:.0f}\" "
       "font-family=\"DejaVu Sans Mono, monospace\" font-size=\"{2:.0f}\">\n",
@@ -234,8 +238,19 @@ std::string heatmap_svg(const Heatmap& map) {
                        escape_xml(name(map.col_axis, cols[c], map.cols[cols[c]])), number(v));
     }
   s += "</g>\n";
+  // Outlines of the marked cells that are drawn.
+  for (const auto& [r, c] : map.marked) {
+    const auto row = std::find(rows.begin(), rows.end(), r), col = std::find(cols.begin(), cols.end(), c);
+    if (row == rows.end() || col == cols.end()) continue;
+    s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"none\" stroke=\"#1a9850\" "
+                     "stroke-width=\"2\"/>\n",
+                     left + cell * double(col - cols.begin()) + 1, top + cell * double(row - rows.begin()) + 1, cell - 2, cell - 2);
+  }
   s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"none\" stroke=\"#888\"/>\n",
                    left, top, grid_w, grid_h);
+  if (!map.marked_legend.empty())
+    s += fmt::format("<text x=\"4\" y=\"{:.1f}\" font-size=\"10\" fill=\"#1a9850\" font-family=\"DejaVu Sans, sans-serif\">{}</text>\n",
+                     legend_y, escape_xml(map.marked_legend));
   // The colour bar: top = +scale, bottom = −scale (or 0 for weights).
   const double bx = left + grid_w + 14, bh = 120;
   const int steps = 24;

@@ -2,6 +2,7 @@
 // Heatmaps of a matrix with labelled rows and columns: as text (shaded blocks, optionally in
 // colour) for a terminal, and as a standalone SVG picture for a browser.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
@@ -22,6 +23,9 @@ struct Heatmap {
   // too ("query position", "key position"), and a cell's hover text reads
   // "query 3 (() → key 1 ([): 0.98".
   bool indexed = false;
+  // Cells the SVG outlines (row, column): a true alignment, say.
+  std::vector<std::pair<std::size_t, std::size_t>> marked{};
+  std::string marked_legend{};  // what an outline means, under the picture
 };
 
 // The rows and columns an SVG heatmap draws at most; a larger matrix is sampled evenly (the first

@@ -19,19 +19,9 @@
 
 namespace qkv::cli {
 
-namespace {
-
-// Head h's (T, T) matrix of a (1, H, T, T) tensor, in float64.
 Array<double> head_matrix(const Tensor& t, std::size_t h) {
   const Array<double> all = t.to(DType::float64).value<double>();
   return xt::view(all, 0, h);
-}
-
-double frobenius(const Tensor& t) {
-  const Array<double> a = t.to(DType::float64).value<double>();
-  double total = 0;
-  for (double v : a) total += v * v;
-  return std::sqrt(total);
 }
 
 nlohmann::json matrix_json(const Array<double>& a) {
@@ -45,6 +35,30 @@ nlohmann::json matrix_json(const Array<double>& a) {
     rows.push_back(std::move(row));
   }
   return rows;
+}
+
+std::string page_start(const std::string& title) {
+  return R"(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>)" + escape_xml(title) +
+         R"(</title>
+<style>
+body { font-family: "DejaVu Sans", sans-serif; margin: 1.5em; color: #222; max-width: 1400px; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-top: 1px solid #ccc; padding-top: .6em; }
+table { border-collapse: collapse; font-size: .9em; } td, th { padding: 2px 8px; text-align: right; }
+th { border-bottom: 1px solid #999; } .pics { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
+.legend { font-size: .9em; max-width: 60em; } code { background: #f3f3f3; padding: 0 3px; }
+</style></head><body>
+)";
+}
+
+namespace {
+
+double frobenius(const Tensor& t) {
+  const Array<double> a = t.to(DType::float64).value<double>();
+  double total = 0;
+  for (double v : a) total += v * v;
+  return std::sqrt(total);
 }
 
 nlohmann::json eigen_json(const std::vector<std::complex<double>>& values) {
@@ -554,18 +568,7 @@ std::string to_html(const Inspection& in) {
   const nn::TransformerConfig& c = in.config;
   std::string text;
   for (std::size_t i = 0; i < in.input_names.size(); ++i) text += (i ? " " : "") + in.input_names[i];
-  std::string s = R"(<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>qkv inspect)" + (in.dir.empty() ? "" : " " + in.dir) +
-                  R"(</title>
-<style>
-body { font-family: "DejaVu Sans", sans-serif; margin: 1.5em; color: #222; max-width: 1400px; }
-h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-top: 1px solid #ccc; padding-top: .6em; }
-table { border-collapse: collapse; font-size: .9em; } td, th { padding: 2px 8px; text-align: right; }
-th { border-bottom: 1px solid #999; } .pics { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
-.legend { font-size: .9em; max-width: 60em; } code { background: #f3f3f3; padding: 0 3px; }
-</style></head><body>
-)";
+  std::string s = page_start("qkv inspect" + (in.dir.empty() ? "" : " " + in.dir));
   s += fmt::format("<h1>qkv inspect: {} ({} layer{} × {} head{}, d_model {}, {})</h1>\n", in.task, c.layers,
                    c.layers == 1 ? "" : "s", c.heads, c.heads == 1 ? "" : "s", c.d_model,
                    masks_text(c));

@@ -83,6 +83,13 @@ struct Inspection {
   TrainingHistory history;  // empty unless the caller reads it (read_history)
 };
 
+// Head h's matrix of a (1, H, ·, ·) tensor (attention weights or scores), in float64.
+Array<double> head_matrix(const Tensor& t, std::size_t h);
+// A matrix as rows of numbers, null where not finite (masked).
+nlohmann::json matrix_json(const Array<double>& a);
+// A self-contained HTML page's beginning, up to and with <body>: its title and style.
+std::string page_start(const std::string& title);
+
 // A typical sequence of the task: the first of a fixed stream at least 3/4 of the longest length.
 std::vector<std::int64_t> typical_input(const Task& task);
 

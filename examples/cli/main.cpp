@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "examples/cli/ablate.hpp"
+#include "examples/cli/alignment.hpp"
 #include "examples/cli/experiment.hpp"
 #include "examples/cli/gradcheck_cases.hpp"
 #include "examples/cli/inspect.hpp"
@@ -231,40 +232,45 @@ struct InspectArgs {
   bool json = false;
 };
 
-// What the heads of a trained run learned: tables and heatmaps, --json, --html FILE, --svg DIR.
-int run_inspect(const InspectArgs& a) {
-  const TrainOptions o = read_config(a.dir);
-  const auto model = load_model(a.dir);
-  const auto task = make_task(o.task, o.n);
-  std::vector<std::int64_t> input;
-  if (a.input.empty()) {
-    input = typical_input(*task);
-  } else {
-    try {
-      input = task->encode(a.input);
-    } catch (const std::invalid_argument& e) {
-      usage("--input", "{}", e.what());
-    }
-    if (input.size() > o.model.max_len)
-      usage("--input", "{} tokens, but the model has {} positions", input.size(), o.model.max_len);
-  }
-  Inspection in = inspect(*model, *task, input, a.dir);
-  if (!a.html.empty() || !a.svg.empty()) in.history = read_history(a.dir);  // only the pictures draw it
+// Writes the report of an inspection as --html, --svg and --json ask, or prints it.
+template <class Report>
+int show(const InspectArgs& a, const Report& report) {
   if (!a.html.empty()) {
-    qkv::nn::write_atomically(a.html, to_html(in));
+    qkv::nn::write_atomically(a.html, to_html(report));
     fmt::print(stderr, "qkv inspect: wrote {}\n", a.html);
   }
   if (!a.svg.empty()) {
-    const auto files = write_svgs(in, a.svg);
+    const auto files = write_svgs(report, a.svg);
     fmt::print(stderr, "qkv inspect: wrote {} SVG files to {}\n", files.size(), a.svg);
   }
   if (a.json) {
-    fmt::print("{}\n", to_json(in).dump());
+    fmt::print("{}\n", to_json(report).dump());
   } else if (a.html.empty() && a.svg.empty()) {
     const bool color = ::isatty(1) && std::getenv("NO_COLOR") == nullptr;
-    print_report(std::cout, in, color);
+    print_report(std::cout, report, color);
   }
   return 0;
+}
+
+// A seq2seq run's cross-attention: its alignments.
+int run_inspect_seq2seq(const InspectArgs& a, const Seq2SeqTask& task) {
+  const auto model = load_encoder_decoder(a.dir);
+  const std::vector<std::int64_t> source =
+      a.input.empty() ? typical_source(task) : input_tokens(task, a.input, model->config().max_src_len);
+  return show(a, inspect_alignment(*model, task, source, a.dir));
+}
+
+// What the heads of a trained run learned: tables and heatmaps, --json, --html FILE, --svg DIR.
+int run_inspect(const InspectArgs& a) {
+  const TrainOptions o = read_config(a.dir);
+  const auto task = make_task(o.task, o.n);
+  if (const Seq2SeqTask* seq2seq = as_seq2seq(*task)) return run_inspect_seq2seq(a, *seq2seq);
+  const auto model = load_model(a.dir);
+  const std::vector<std::int64_t> input =
+      a.input.empty() ? typical_input(*task) : input_tokens(*task, a.input, o.model.max_len);
+  Inspection in = inspect(*model, *task, input, a.dir);
+  if (!a.html.empty() || !a.svg.empty()) in.history = read_history(a.dir);  // only the pictures draw it
+  return show(a, in);
 }
 
 // A markdown table on stdout; results.json, the chart and each run's folder under --out.

@@ -226,6 +226,9 @@ TEST_CASE("heatmaps: shades by magnitude, signs, masked cells, and SVG cells wit
   CHECK_THAT(svg, Contains("fill=\"#b2182b\""));  // the largest value: full red
   CHECK_THAT(svg, Contains("fill=\"#d9d9d9\""));  // masked: grey
   CHECK(svg.find("<b>") == std::string::npos);
+  // Labels of two characters are written downwards, rather than run together: "12" over "7".
+  const Heatmap numbers{Array<double>({{1.0, 0.0}}), {"a"}, {"12", "7"}, "t", false};
+  CHECK_THAT(heatmap_text(numbers, false), Contains("t\n  1 7 \n  2   \na ██  \n"));
 }
 
 TEST_CASE("inspect rejects an input longer than the model's positions, or outside its vocabulary") {

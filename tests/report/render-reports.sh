@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The `qkv inspect --html` pages of three trained runs as a reader's browser shows them
+# The `qkv inspect --html` pages of four trained runs as a reader's browser shows them
 # (render_page.py, headless Chromium): induction with snapshots along training, brackets, whose
 # one-character tokens were once drawn sideways, and a wide model (4 layers of 4 heads, d_model 64)
-# whose page must stay within the size bound. Screenshots: OUT/inspect-NAME.png.
+# whose page must stay within the size bound, and a sort model's cross-attention (an encoder-decoder,
+# the true alignment outlined). Screenshots: OUT/inspect-NAME.png.
 #   render-reports.sh QKV_BINARY OUT
 set -euo pipefail
 qkv=$1 out=$2
@@ -18,7 +19,8 @@ train() {
 train induction --steps 600 --snapshot-every 100 --out "$work/induction"
 train brackets --steps 300 --out "$work/brackets"
 train induction --layers 4 --heads 4 --d-model 64 --steps 60 --snapshot-every 20 --out "$work/wide"
-for name in induction brackets wide; do
+train sort --steps 300 --out "$work/sort"
+for name in induction brackets wide sort; do
   "$qkv" inspect "$work/$name" --html "$work/$name.html"
   python3 "$here/render_page.py" "$work/$name.html" "$out/inspect-$name.png"
 done
