@@ -34,6 +34,10 @@ inline const Config& config(const std::string& name) {
   throw std::invalid_argument("qkv-bench: unknown config '" + name + "'");
 }
 
+// Tokens each sequence generates after its start token in the decoding benchmark (qkv-bench
+// --decode, torch_bench.py --decode).
+inline constexpr std::size_t decode_tokens = 256;
+
 // Floating-point operations of the step's matrix products, counting a multiply-add as 2: per layer
 // the fused QKV projection (N·D·3D), the scores Q Kᵀ and the weighted values P V (B·T·T·D each,
 // over all heads, masked entries included, as both implementations compute them), the output

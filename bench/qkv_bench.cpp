@@ -3,8 +3,13 @@
 // float32, on one batch of random tokens and targets drawn with a fixed seed:
 //   x = tok[ids] + pos,  L × { x = x + MHA(x) } (causal, biases on all four projections),
 //   loss = cross_entropy(Linear(D, V)(x), targets)  (mean over all B·T positions).
+// With --decode it times greedy generation instead: the same model with positions for a start
+// token and `decode_tokens` more writes them one at a time from a random start token per
+// sequence, with the KV cache (each step runs the new token against the cached keys and values)
+// or without (each step runs the whole sequence so far).
 //
 //   qkv-bench --config tiny [--threads N] [--seconds S]  -> one JSON line
+//   qkv-bench --decode --config small --batch 1 [--no-cache] [--threads N] [--seconds S]
 //   qkv-bench --peak [--threads N] [--seconds S]         -> the machine's sgemm rate, one JSON line
 #include <cblas.h>
 #include <sys/resource.h>
@@ -17,6 +22,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <xtensor/xview.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -24,7 +30,9 @@
 #include "qkv/core/ops.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/core/random.hpp"
+#include "qkv/core/autograd.hpp"
 #include "qkv/nn/attention.hpp"
+#include "qkv/nn/generate.hpp"
 #include "qkv/nn/layers.hpp"
 #include "qkv/optim/adam.hpp"
 
@@ -35,8 +43,8 @@ using Clock = std::chrono::steady_clock;
 
 class BenchModel : public nn::Module {
  public:
-  BenchModel(const bench::Config& c, Generator& gen)
-      : tok(c.V, c.D, DType::float32, gen), pos(c.T, c.D, DType::float32, gen) {
+  BenchModel(const bench::Config& c, std::size_t positions, Generator& gen)
+      : tok(c.V, c.D, DType::float32, gen), pos(positions, c.D, DType::float32, gen) {
     register_module("tok", tok);
     register_module("pos", pos);
     for (std::size_t l = 0; l < c.L; ++l) {
@@ -56,6 +64,18 @@ class BenchModel : public nn::Module {
     Tensor x = pos(tok(ids));
     for (const auto& layer : layers) x = x + layer->forward(x, causal).output;
     return cross_entropy((*head)(x), targets);
+  }
+
+  // The logits (B, n, V) of tokens (B, n) at positions offset … offset + n − 1: with `caches` (one
+  // per layer) against their keys and values, which they then also hold for these positions.
+  Tensor logits(const IndexArray& ids, std::size_t offset, std::vector<nn::KVCache>* caches) const {
+    nn::AttentionMask causal;
+    causal.causal = true;
+    const auto n = std::int64_t(ids.shape()[1]);
+    Tensor x = tok(ids) + slice(pos.weight, 0, std::int64_t(offset), std::int64_t(offset) + n);
+    for (std::size_t l = 0; l < layers.size(); ++l)
+      x = x + layers[l]->forward(x, causal, false, caches ? &(*caches)[l] : nullptr).output;
+    return (*head)(x);
   }
 
   nn::Embedding tok;
@@ -90,7 +110,7 @@ std::pair<std::size_t, double> timed(Step&& step, double warmup, double seconds)
 nlohmann::ordered_json run_config(const bench::Config& c, std::size_t threads, double seconds) {
   const double base_rss = peak_rss_mb();
   Generator gen(0);
-  BenchModel model(c, gen);
+  BenchModel model(c, c.T, gen);
   IndexArray ids = IndexArray::from_shape({c.B, c.T}), targets = IndexArray::from_shape({c.B, c.T});
   for (auto& i : ids) i = std::int64_t(gen.next_u64() % c.V);
   for (auto& t : targets) t = std::int64_t(gen.next_u64() % c.V);
@@ -119,6 +139,52 @@ nlohmann::ordered_json run_config(const bench::Config& c, std::size_t threads, d
   out["steps"] = steps;
   out["loss"] = last_loss;
   out["base_rss_mb"] = base_rss;  // before the model was built
+  out["blas"] = blas_kernels();
+  return out;
+}
+
+// Greedy generation of bench::decode_tokens tokens after a start token, for `batch` sequences at once.
+nlohmann::ordered_json run_decode(const bench::Config& c, std::size_t batch, bool use_cache, std::size_t threads,
+                                  double seconds) {
+  const double base_rss = peak_rss_mb();
+  Generator gen(0);
+  const std::size_t count = bench::decode_tokens;
+  const BenchModel model(c, count + 1, gen);
+  IndexArray start = IndexArray::from_shape({batch, 1});
+  for (auto& t : start) t = std::int64_t(gen.next_u64() % c.V);
+  NoGradGuard no_grad;
+  IndexArray written;
+  auto generate = [&] {
+    IndexArray seq = IndexArray::from_shape({batch, count + 1});
+    xt::view(seq, xt::all(), 0) = xt::view(start, xt::all(), 0);
+    std::vector<nn::KVCache> caches(c.L);
+    for (std::size_t t = 0; t < count; ++t) {
+      // With the cache: the newest token alone; without: the whole sequence, of which the last
+      // position's logits are the next token's.
+      const IndexArray ids = use_cache ? IndexArray(xt::view(seq, xt::all(), xt::range(t, t + 1)))
+                                       : IndexArray(xt::view(seq, xt::all(), xt::range(0, t + 1)));
+      const Tensor all = model.logits(ids, use_cache ? t : 0, use_cache ? &caches : nullptr);
+      const std::int64_t n = std::int64_t(ids.shape()[1]);
+      const Tensor last = reshape(slice(all, 1, n - 1, n), {std::int64_t(batch), std::int64_t(c.V)});
+      xt::view(seq, xt::all(), t + 1) = xt::view(nn::next_tokens(last, {}, gen), xt::all(), 0);
+    }
+    written = seq;
+  };
+  const auto [runs, elapsed] = timed(generate, std::min(1.0, seconds / 4), seconds);
+  std::size_t params = 0;
+  for (const Tensor& p : model.parameters()) params += p.numel();
+  nlohmann::ordered_json out;
+  out["impl"] = "qkv";
+  out["config"] = c.name;
+  out["batch"] = batch;
+  out["cache"] = use_cache;
+  out["threads"] = threads;
+  out["tokens_per_s"] = double(runs * batch * count) / elapsed;
+  out["ms_per_token"] = 1e3 * elapsed / double(runs * count);  // per step of the batch
+  out["params"] = params;
+  out["peak_rss_mb"] = peak_rss_mb();
+  out["runs"] = runs;
+  out["base_rss_mb"] = base_rss;
   out["blas"] = blas_kernels();
   return out;
 }
@@ -154,8 +220,12 @@ int main(int argc, char** argv) {
   std::string config;
   std::size_t threads = 1;
   double seconds = 10;
-  bool peak = false;
+  bool peak = false, decode = false, no_cache = false;
+  std::size_t batch = 1;
   app.add_option("--config", config, "tiny, small or medium")->check(CLI::IsMember(bench::config_names()));
+  app.add_flag("--decode", decode, "time greedy generation of 256 tokens instead of training steps");
+  app.add_option("--batch", batch, "sequences generated at once (--decode)")->check(CLI::Range(1, 4096));
+  app.add_flag("--no-cache", no_cache, "run the whole sequence at every step (--decode)");
   app.add_option("--threads", threads, "threads for BLAS and qkv's own work")->check(CLI::Range(1, 256));
   app.add_option("--seconds", seconds, "how long to time steps for, after a warm-up")->check(CLI::Range(0.1, 3600.0));
   app.add_flag("--peak", peak, "measure the machine's sgemm rate instead");
@@ -167,7 +237,9 @@ int main(int argc, char** argv) {
   }
   try {
     qkv::set_num_threads(threads);
-    const auto out = peak ? run_peak(threads, seconds) : run_config(bench::config(config), threads, seconds);
+    const auto out = peak     ? run_peak(threads, seconds)
+                     : decode ? run_decode(bench::config(config), batch, !no_cache, threads, seconds)
+                              : run_config(bench::config(config), threads, seconds);
     fmt::print("{}\n", out.dump());
     return 0;
   } catch (const std::exception& e) {

@@ -9,6 +9,15 @@ and targets drawn with a fixed seed:
     loss = cross_entropy(Linear(D, V)(x), targets)  (mean over all B*T positions).
 MHA is torch.nn.MultiheadAttention, which packs W_q, W_k, W_v into one in_proj_weight, as qkv
 runs them as one GEMM.
+
+    OPENBLAS_NUM_THREADS=1 bench/torch_bench.py --decode --config small --batch 1 [--no-cache] ...
+
+times greedy generation instead, as qkv-bench --decode does: the same model with positions for a
+start token and 256 more writes them one at a time under torch.no_grad(). Without the cache each
+step runs the model (nn.MultiheadAttention's forward) on the whole sequence so far; with it, a
+loop of its own keeps each layer's keys and values and runs the newest token alone through the
+layer's weights (in_proj, the heads' softmax(q kᵀ/√d) v, out_proj): nn.MultiheadAttention in
+PyTorch 1.13 has no cache.
 """
 import argparse
 import json
@@ -16,6 +25,7 @@ import resource
 import time
 
 import torch
+import torch.nn.functional as F
 
 # name: (V, D, H, L, T, B); bench/config.hpp holds the same table.
 CONFIGS = {
@@ -23,6 +33,9 @@ CONFIGS = {
     "small": (16, 64, 4, 2, 64, 64),
     "medium": (64, 256, 8, 2, 128, 32),
 }
+
+
+DECODE_TOKENS = 256  # bench/config.hpp's decode_tokens
 
 
 def step_flops(V, D, H, L, T, B):
@@ -35,6 +48,7 @@ def step_flops(V, D, H, L, T, B):
 class BenchModel(torch.nn.Module):
     def __init__(self, V, D, H, L, T):
         super().__init__()
+        self.heads = H
         self.tok = torch.nn.Embedding(V, D)
         self.pos = torch.nn.Parameter(torch.randn(T, D))
         self.layers = torch.nn.ModuleList(
@@ -49,6 +63,34 @@ class BenchModel(torch.nn.Module):
             x = x + layer(x, x, x, attn_mask=self.blocked, need_weights=False)[0]
         logits = self.head(x)
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def logits(self, ids):
+        """The logits of a whole sequence (B, T), causal."""
+        T = ids.shape[1]
+        x = self.tok(ids) + self.pos[:T]
+        for layer in self.layers:
+            x = x + layer(x, x, x, attn_mask=self.blocked[:T, :T], need_weights=False)[0]
+        return self.head(x)
+
+    def logits_cached(self, ids, offset, caches):
+        """The logits of the newest tokens (B, n) at positions offset…, against each layer's cached
+        keys and values [k, v] (B, H, T, d_head), which grow by these positions."""
+        B, n = ids.shape
+        x = self.tok(ids) + self.pos[offset:offset + n]
+        for layer, cache in zip(self.layers, caches):
+            D = x.shape[-1]
+            d = D // self.heads
+            q, k, v = F.linear(x, layer.in_proj_weight, layer.in_proj_bias).chunk(3, dim=-1)
+            q, k, v = (t.reshape(B, n, self.heads, d).transpose(1, 2) for t in (q, k, v))
+            if cache:
+                k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+            cache[:] = [k, v]
+            scores = q @ k.transpose(-2, -1) / d ** 0.5
+            if n > 1:  # the new positions among themselves: causal
+                scores = scores.masked_fill(self.blocked[offset:offset + n, :offset + n], float("-inf"))
+            z = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, n, D)
+            x = x + layer.out_proj(z)
+        return self.head(x)
 
 
 def peak_rss_mb():
@@ -68,14 +110,54 @@ def timed(step, warmup, seconds):
     return steps, elapsed
 
 
+def decode(args):
+    """Greedy generation of DECODE_TOKENS tokens after a random start token per sequence."""
+    V, D, H, L, T, _ = CONFIGS[args.config]
+    B, count = args.batch, DECODE_TOKENS
+    base_rss = peak_rss_mb()
+    model = BenchModel(V, D, H, L, count + 1)
+    model.eval()
+    start = torch.randint(0, V, (B, 1))
+
+    @torch.no_grad()
+    def generate():
+        seq = start
+        caches = [[] for _ in range(L)]
+        for t in range(count):
+            logits = model.logits_cached(seq[:, t:t + 1], t, caches) if not args.no_cache else model.logits(seq)
+            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        return seq
+
+    runs, elapsed = timed(generate, min(1.0, args.seconds / 4), args.seconds)
+    print(json.dumps({
+        "impl": "torch",
+        "config": args.config,
+        "batch": B,
+        "cache": not args.no_cache,
+        "threads": args.threads,
+        "tokens_per_s": runs * B * count / elapsed,
+        "ms_per_token": 1e3 * elapsed / (runs * count),
+        "params": sum(p.numel() for p in model.parameters()),
+        "peak_rss_mb": peak_rss_mb(),
+        "runs": runs,
+        "base_rss_mb": base_rss,
+        "torch": torch.__version__,
+    }))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, choices=CONFIGS)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--decode", action="store_true", help="time greedy generation of 256 tokens")
+    parser.add_argument("--batch", type=int, default=1, help="sequences generated at once (--decode)")
+    parser.add_argument("--no-cache", action="store_true", help="run the whole sequence at every step (--decode)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.decode:
+        return decode(args)
     V, D, H, L, T, B = CONFIGS[args.config]
     base_rss = peak_rss_mb()
     model = BenchModel(V, D, H, L, T)

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "qkv/core/detail/attention.hpp"
 #include "qkv/core/detail/blas.hpp"
 #include "qkv/core/detail/kernels.hpp"
 #include "qkv/core/detail/op.hpp"
@@ -57,6 +58,14 @@ void limits_of(const Layout& L, std::size_t i0, std::int32_t* limits) {
 // that no scale multiplies an infinity).
 template <class T>
 void softmax_columns(T* S, std::size_t ld, const Layout& L, std::size_t b, std::size_t h, T scale) {
+  if (ld == 1) {  // one query, unpadded: its scores are one contiguous vector
+    if (L.allowed) {
+      const bool* ok = L.allowed_row(b, h, 0);
+      for (std::size_t j = 0; j < L.limit(0); ++j) S[j] = ok[j] ? S[j] * scale : -std::numeric_limits<T>::infinity();
+      scale = 1;
+    }
+    return detail::softmax_row(S, L.Tk, L.limit(0), scale);
+  }
   if (L.allowed) {
     for (std::size_t i = 0; i < L.Tq; ++i) {
       const bool* ok = L.allowed_row(b, h, i);
@@ -102,9 +111,10 @@ void for_each_head(const Layout& L, F&& f) {
   });
 }
 
-// Where q, k or v sits: input `tensor` of the op, rows of `ld` elements, the first head at `col`.
+// Where q, k or v sits: input `tensor` of the op, rows of `ld` elements, the first head at `col`,
+// batch entries `rows` rows apart (0: as many as the sequence has, Tq or Tk).
 struct Operand {
-  std::size_t tensor, ld, col;
+  std::size_t tensor, ld, col, rows = 0;
 };
 
 template <class T>
@@ -114,7 +124,11 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
   for (const Tensor& t : in) any_grad = any_grad || t.requires_grad();
   const bool record = is_grad_enabled() && any_grad;
   const Operand oq = op[0], ok = op[1], ov = op[2];
-  const std::size_t ldo = L.H * L.dv, ldq = padded(L.Tq);
+  // A single query outside autograd (decoding) keeps its scores unpadded, for the row softmax.
+  const std::size_t ldo = L.H * L.dv, ldq = !record && L.Tq == 1 ? 1 : padded(L.Tq);
+  // Elements between batch entries.
+  const std::size_t bq = (oq.rows ? oq.rows : L.Tq) * oq.ld, bk = (ok.rows ? ok.rows : L.Tk) * ok.ld,
+                    bv = (ov.rows ? ov.rows : L.Tk) * ov.ld;
   Array<T> out = Array<T>::from_shape({L.B, L.Tq, ldo});
   // The weights Pᵀ of every head when backward needs them; otherwise one scratch matrix per thread.
   auto weights = std::make_shared<Array<T>>();
@@ -127,17 +141,18 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
   const Product mix(true, L.Tq, L.dv, L.Tk, ldq, ov.ld, ldo, false);      // O = (Pᵀ)ᵀ V
   for_each_head(L, [&](std::size_t b, std::size_t kv) {
     T* Qt = scratch<T>(L.dh * L.Tq + (record ? 0 : L.Tk * ldq));
-    const T* Kb = K + b * L.Tk * ok.ld + kv * L.dh;
-    const T* Vb = V + b * L.Tk * ov.ld + kv * L.dv;
+    const T* Kb = K + b * bk + kv * L.dh;
+    const T* Vb = V + b * bv + kv * L.dv;
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
       T* P = record ? weights->data() + (b * L.H + h) * L.Tk * ldq : Qt + L.dh * L.Tq;
-      detail::transpose(Q + b * L.Tq * oq.ld + h * L.dh, L.Tq, L.dh, oq.ld, Qt);
+      detail::transpose(Q + b * bq + h * L.dh, L.Tq, L.dh, oq.ld, Qt);
       scores(Kb, Qt, P);
       softmax_columns(P, ldq, L, b, h, scale);
       mix(P, Vb, O + b * L.Tq * ldo + h * L.dv);
     }
   });
   if (!record) return Tensor(std::move(out));
+  if (oq.rows || ok.rows || ov.rows) fail(op_name, "inputs with batch entries apart (a KV cache's) are forward only");
   L.allowed = nullptr;  // backward needs no mask: a masked weight is exactly 0, so is its dS
   std::vector<const Tensor*> inputs;
   for (const Tensor& t : in) inputs.push_back(&t);
@@ -208,6 +223,22 @@ void check_heads(std::size_t n_heads, std::size_t n_kv_heads) {
 }
 
 }  // namespace
+
+Tensor detail::cached_attention(const Tensor& q, std::size_t q_col, const Tensor& keys, const Tensor& values,
+                                std::size_t length, std::size_t n_heads, std::size_t n_kv_heads, double scale, bool causal,
+                                const MaskArray& allowed) {
+  check_inputs(op_name, {&q, &keys, &values});
+  if (q.requires_grad() && is_grad_enabled()) fail(op_name, "attention against a KV cache is forward only");
+  check_heads(n_heads, n_kv_heads);
+  const Shape sq = q.shape(), sk = keys.shape(), sv = values.shape();
+  if (sq.size() != 3 || sk.size() != 3 || sv.size() != 3 || sk[0] != sq[0] || sv[0] != sq[0] || sv[1] != sk[1] ||
+      length > sk[1] || sk[2] % n_kv_heads != 0 || sv[2] % n_kv_heads != 0 || q_col + n_heads * (sk[2] / n_kv_heads) > sq[2])
+    fail(op_name, "queries {} (from column {}) against {} cached keys of {} and values of {}: they do not fit", to_string(sq),
+         q_col, length, to_string(sk), to_string(sv));
+  const Layout L{sq[0], sq[1], length, n_heads, n_kv_heads, sk[2] / n_kv_heads, sv[2] / n_kv_heads, causal, nullptr};
+  const Operand op[3] = {{0, sq[2], q_col, 0}, {1, sk[2], 0, sk[1]}, {2, sv[2], 0, sv[1]}};
+  return run({q, keys, values}, op, L, scale, allowed);
+}
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t n_heads,
                                     std::size_t n_kv_heads, double scale, bool causal, const MaskArray& allowed) {

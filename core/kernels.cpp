@@ -216,6 +216,41 @@ QKV_CLONES void exp_in_place(float* x, std::size_t n) {
   std::copy(tail, tail + (n - j), x + j);
 }
 
+QKV_CLONES void softmax_row(float* s, std::size_t n, std::size_t limit, float scale) {
+  const std::size_t used = std::min(n, limit);
+  float m = -std::numeric_limits<float>::infinity();
+  for (std::size_t j = 0; j < used; ++j) m = std::max(m, s[j] *= scale);
+  // As softmax_columns: nothing visible, or only −inf, gives all zeros.
+  const float shift = m == -std::numeric_limits<float>::infinity() ? 0.0f : m;
+  for (std::size_t j = 0; j < used; ++j) s[j] -= shift;
+  exp_in_place(s, used);
+  // The total in 16 partial sums, added up in a fixed order: the same bits in every clone.
+  Floats partial = {}, v;
+  std::size_t j = 0;
+  for (; j + lanes <= used; j += lanes) {
+    load(v, s + j);
+    partial += v;
+  }
+  float total = 0;
+  for (std::size_t c = 0; c < lanes; ++c) total += partial[c];
+  for (; j < used; ++j) total += s[j];
+  const float inv = total > 0 ? 1.0f / total : 0.0f;
+  for (std::size_t k = 0; k < used; ++k) s[k] *= inv;
+  std::fill(s + used, s + n, 0.0f);
+}
+
+void softmax_row(double* s, std::size_t n, std::size_t limit, double scale) {
+  const std::size_t used = std::min(n, limit);
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::size_t j = 0; j < used; ++j) m = std::max(m, s[j] *= scale);
+  const double shift = m == -std::numeric_limits<double>::infinity() ? 0 : m;
+  double total = 0;
+  for (std::size_t j = 0; j < used; ++j) total += s[j] = std::exp(s[j] - shift);
+  const double inv = total > 0 ? 1 / total : 0;
+  for (std::size_t j = 0; j < used; ++j) s[j] *= inv;
+  std::fill(s + used, s + n, 0.0);
+}
+
 void exp_in_place(double* x, std::size_t n) {
   for (std::size_t j = 0; j < n; ++j) x[j] = std::exp(x[j]);
 }

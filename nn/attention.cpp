@@ -8,6 +8,7 @@
 #include <xtensor/xstrided_view.hpp>
 
 #include "qkv/core/autograd.hpp"
+#include "qkv/core/detail/attention.hpp"
 #include "qkv/core/ops.hpp"
 
 namespace qkv::nn {
@@ -120,10 +121,83 @@ Tensor identity_columns(std::size_t d, std::size_t col0, std::size_t cols, DType
 }  // namespace
 
 std::size_t KVCache::bytes() const {
-  return keys.defined() ? (keys.numel() + values.numel()) * dtype_size(keys.dtype()) : 0;
+  if (!buffers_) return 0;
+  const Tensor& k = buffers_->keys;
+  return k.size(0) * length_ * (k.size(2) + buffers_->values.size(2)) * dtype_size(k.dtype());
 }
 
-std::size_t KVCache::bytes_per_sequence() const { return keys.defined() ? bytes() / keys.size(0) : 0; }
+std::size_t KVCache::bytes_per_sequence() const { return buffers_ ? bytes() / buffers_->keys.size(0) : 0; }
+
+Tensor KVCache::keys() const { return buffers_ ? slice(buffers_->keys, 1, 0, std::int64_t(length_)) : Tensor(); }
+
+Tensor KVCache::values() const { return buffers_ ? slice(buffers_->values, 1, 0, std::int64_t(length_)) : Tensor(); }
+
+const Tensor& KVCache::key_buffer() const {
+  if (!buffers_) fail("KVCache", "the cache is empty");
+  return buffers_->keys;
+}
+
+const Tensor& KVCache::value_buffer() const {
+  if (!buffers_) fail("KVCache", "the cache is empty");
+  return buffers_->values;
+}
+
+void KVCache::append(const Tensor& k, const Tensor& v) {
+  if (!k.defined() || !v.defined() || k.dim() != 3 || v.dim() != 3)
+    fail("KVCache", "append takes keys and values (B, T_new, ·)");
+  append_columns(k, 0, k.size(2), v, 0, v.size(2));
+}
+
+void KVCache::append_columns(const Tensor& k, std::size_t k_col, std::size_t k_width, const Tensor& v, std::size_t v_col,
+                             std::size_t v_width) {
+  const std::size_t B = k.size(0), n = k.size(1), need = length_ + n;
+  if (v.size(0) != B || v.size(1) != n || k.dtype() != v.dtype() || k_col + k_width > k.size(2) || v_col + v_width > v.size(2))
+    fail("KVCache", "keys {} and values {} of different sequences, positions or dtypes", to_string(k.shape()),
+         to_string(v.shape()));
+  if (buffers_) {
+    const Tensor& bk = buffers_->keys;
+    if (bk.size(0) != B || bk.size(2) != k_width || buffers_->values.size(2) != v_width || bk.dtype() != k.dtype())
+      fail("KVCache", "the cache holds keys of shape (B, T, ·) = ({},{},{}) and values of width {} in {}; this call "
+           "appends ({},{},{}) and {} in {}",
+           bk.size(0), length_, bk.size(2), buffers_->values.size(2), dtype_name(bk.dtype()), B, n, k_width, v_width,
+           dtype_name(k.dtype()));
+  }
+  const auto typed = [&](auto tag) {
+    using T = decltype(tag);
+    // In place when this copy wrote last and there is room; otherwise new buffers (twice the rows
+    // needed), holding this copy's positions.
+    if (!buffers_ || buffers_->used != length_ || need > buffers_->keys.size(1)) {
+      const std::size_t capacity = std::max<std::size_t>(16, 2 * need);
+      auto fresh = std::make_shared<Buffers>();
+      Array<T> keys = Array<T>::from_shape({B, capacity, k_width}), values = Array<T>::from_shape({B, capacity, v_width});
+      if (buffers_) {
+        const T* ok = buffers_->keys.value<T>().data();
+        const T* ov = buffers_->values.value<T>().data();
+        const std::size_t old = buffers_->keys.size(1);
+        for (std::size_t b = 0; b < B; ++b) {
+          std::copy_n(ok + b * old * k_width, length_ * k_width, keys.data() + b * capacity * k_width);
+          std::copy_n(ov + b * old * v_width, length_ * v_width, values.data() + b * capacity * v_width);
+        }
+      }
+      fresh->keys = Tensor(std::move(keys));
+      fresh->values = Tensor(std::move(values));
+      buffers_ = std::move(fresh);
+    }
+    const std::size_t capacity = buffers_->keys.size(1), kw = k.size(2), vw = v.size(2);
+    T* dk = buffers_->keys.mutable_value<T>().data();
+    T* dv = buffers_->values.mutable_value<T>().data();
+    const T* sk = k.value<T>().data();
+    const T* sv = v.value<T>().data();
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t t = 0; t < n; ++t) {
+        std::copy_n(sk + (b * n + t) * kw + k_col, k_width, dk + (b * capacity + length_ + t) * k_width);
+        std::copy_n(sv + (b * n + t) * vw + v_col, v_width, dv + (b * capacity + length_ + t) * v_width);
+      }
+  };
+  if (k.dtype() == DType::float32) typed(float());
+  else typed(double());
+  buffers_->used = length_ = need;
+}
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen)
     : options_(resolve(options)) {
@@ -163,10 +237,15 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   check_input("input x", x, o.d_model);
   const Tensor xb = batched(x);
   const bool symmetric = o.qk == QK::symmetric;
-  if (o.proj == Projection::identity)
-    return attend(xb, symmetric ? keys_of(xb) : xb, xb, mask, need_weights, cache, x.dim() == 2);
+  if (o.proj == Projection::identity) {
+    const Tensor k = symmetric ? keys_of(xb) : xb;
+    if (cache && !need_weights && hooks.empty() && !is_grad_enabled())
+      return attend_cached(xb, 0, k, 0, xb, 0, mask, *cache, x.dim() == 2);
+    return attend(xb, k, xb, mask, need_weights, cache, x.dim() == 2);
+  }
   const Linear& k_lin = k_proj ? *k_proj : *q_proj;
-  if (!need_weights && cache == nullptr && hooks.empty()) {
+  const bool decoding = cache != nullptr && !need_weights && hooks.empty() && !is_grad_enabled();
+  if ((!need_weights && cache == nullptr && hooks.empty()) || decoding) {
     // One GEMM over the stacked weights [W_q; W_k; W_v] makes q, k and v side by side, and one fused
     // op attends every head reading them in place. Symmetric keys: the rows of W_q (and b_q) times s.
     const Tensor signs = symmetric ? key_signs(q_proj->weight.dtype()) : Tensor();
@@ -174,6 +253,11 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
     const Tensor w = concat({q_proj->weight, wk, v_proj->weight}, 0);
     const Tensor b = o.qkv_bias ? concat({q_proj->bias, symmetric ? q_proj->bias * signs : k_lin.bias, v_proj->bias}, 0)
                                 : Tensor();
+    if (decoding) {
+      const Tensor qkv = linear(xb, w, b);
+      const std::size_t k_col = o.n_heads * o.d_head;
+      return attend_cached(qkv, 0, qkv, k_col, qkv, k_col + o.n_kv_heads * o.d_head, mask, *cache, x.dim() == 2);
+    }
     const FusedMask m = fused_mask(mask, xb.size(0), o.n_heads, xb.size(1), xb.size(1));
     AttentionResult r;
     r.output = (*out_proj)(scaled_dot_product_attention(linear(xb, w, b), o.n_heads, o.n_kv_heads, o.d_head, o.d_v,
@@ -200,11 +284,35 @@ AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& k
     fail(who, "query {}, key {} and value {} need one batch size, and key and value one length",
          to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
   const bool symmetric = o.qk == QK::symmetric;
-  if (o.proj == Projection::identity)
-    return attend(qb, symmetric ? keys_of(kb) : kb, vb, mask, need_weights, cache, query.dim() == 2);
-  const Linear& k_lin = k_proj ? *k_proj : *q_proj;
-  const Tensor k = k_lin(kb);
-  return attend((*q_proj)(qb), symmetric ? keys_of(k) : k, (*v_proj)(vb), mask, need_weights, cache, query.dim() == 2);
+  const bool decoding = cache != nullptr && !need_weights && hooks.empty() && !is_grad_enabled();
+  Tensor q = qb, k = kb, v = vb;
+  if (o.proj != Projection::identity) {
+    const Linear& k_lin = k_proj ? *k_proj : *q_proj;
+    q = (*q_proj)(qb), k = k_lin(kb), v = (*v_proj)(vb);
+  }
+  if (symmetric) k = keys_of(k);
+  if (decoding) return attend_cached(q, 0, k, 0, v, 0, mask, *cache, query.dim() == 2);
+  return attend(q, k, v, mask, need_weights, cache, query.dim() == 2);
+}
+
+AttentionResult MultiHeadAttention::attend_cached(const Tensor& q, std::size_t q_col, const Tensor& k, std::size_t k_col,
+                                                  const Tensor& v, std::size_t v_col, const AttentionMask& mask,
+                                                  KVCache& cache, bool unbatched_input) const {
+  const auto& o = options_;
+  const KVCache before = cache;  // a snapshot: what a failed step restores
+  try {
+    cache.append_columns(k, k_col, o.n_kv_heads * o.d_head, v, v_col, o.n_kv_heads * o.d_v);
+    const std::size_t B = q.size(0), Tq = q.size(1), Tk = cache.length();
+    const FusedMask m = fused_mask(mask, B, o.n_heads, Tq, Tk);
+    AttentionResult r;
+    r.output = (*out_proj)(detail::cached_attention(q, q_col, cache.key_buffer(), cache.value_buffer(), Tk, o.n_heads,
+                                                    o.n_kv_heads, scale(), m.causal, m.allowed));
+    if (unbatched_input) r.output = unbatched(r.output);
+    return r;
+  } catch (...) {
+    cache = before;
+    throw;
+  }
 }
 
 AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights,
@@ -228,21 +336,19 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
     k = reshape(hooks.run("hook_k", reshape(k, {B, Tnew, Hkv, dh})), {B, Tnew, Hkv * dh});
     v = reshape(hooks.run("hook_v", reshape(v, {B, Tnew, Hkv, dv})), {B, Tnew, Hkv * dv});
   }
-  Tensor q5 = permute(reshape(q, {B, Tq, Hkv, G, dh}), {0, 2, 3, 1, 4});  // (B, Hkv, G, Tq, dh)
-  Tensor k4 = permute(reshape(k, {B, Tnew, Hkv, dh}), {0, 2, 1, 3});      // (B, Hkv, Tnew, dh)
-  Tensor v4 = permute(reshape(v, {B, Tnew, Hkv, dv}), {0, 2, 1, 3});      // (B, Hkv, Tnew, dv)
+  // With a cache: the cached positions' keys and values before the new ones (the cache takes the
+  // new ones once the step has succeeded).
+  KVCache extended;
   if (cache) {
-    if (cache->keys.defined()) {
-      const Shape ck = cache->keys.shape();
-      if (ck[0] != std::size_t(B) || ck[1] != std::size_t(Hkv) || ck[3] != std::size_t(dh) ||
-          cache->keys.dtype() != k4.dtype())
-        fail(who, "the KV cache holds keys of shape {} ({}); this call needs (B, n_kv_heads, T, d_head) = ({},{},T,{}) "
-             "in {}", to_string(ck), dtype_name(cache->keys.dtype()), B, Hkv, dh, dtype_name(k4.dtype()));
-      k4 = concat({cache->keys, k4}, 2);
-      v4 = concat({cache->values, v4}, 2);
-    }
+    extended = *cache;
+    extended.append(k, v);
+    k = extended.keys();
+    v = extended.values();
   }
-  const I Tk = I(k4.size(2));
+  const I Tk = I(k.size(1));
+  Tensor q5 = permute(reshape(q, {B, Tq, Hkv, G, dh}), {0, 2, 3, 1, 4});  // (B, Hkv, G, Tq, dh)
+  Tensor k4 = permute(reshape(k, {B, Tk, Hkv, dh}), {0, 2, 1, 3});        // (B, Hkv, Tk, dh)
+  Tensor v4 = permute(reshape(v, {B, Tk, Hkv, dv}), {0, 2, 1, 3});        // (B, Hkv, Tk, dv)
   Tensor scores = matmul(q5, transpose(reshape(k4, {B, Hkv, 1, Tk, dh}), -1, -2)) * scale();  // (B, Hkv, G, Tq, Tk)
   scores = reshape(scores, {B, H, Tq, Tk});
   const MaskArray allowed = allowed_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tk));
@@ -254,10 +360,7 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   const Tensor z = hooks.run("hook_z", permute(heads, {0, 2, 1, 3}));  // (B, Tq, H, dv)
   AttentionResult r;
   r.output = (*out_proj)(reshape(z, {B, Tq, H * dv}));  // heads side by side
-  if (cache) {  // only once the step has succeeded: a failed call leaves the cache as it was
-    cache->keys = k4;
-    cache->values = v4;
-  }
+  if (cache) *cache = extended;  // only once the step has succeeded: a failed call leaves the cache as it was
   if (need_weights) {
     r.weights = weights;
     r.scores = scores;

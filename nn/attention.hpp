@@ -51,17 +51,43 @@ struct AttentionResult {
   Tensor heads;    // (B, H, Tq, d_v): each head's output before out_proj
 };
 
-// Keys and values of past positions, for step-by-step decoding.
+// Keys and values of past positions, for step-by-step decoding: MultiHeadAttention::forward with a
+// cache attends them and appends the new positions'. They sit in buffers with room for more
+// positions (doubling when full), so that a step appends without copying the past. A copy of a
+// cache is a snapshot: it shares the buffers, and the positions it holds stay as they were
+// whatever the other copy appends (an append that would overwrite what another copy holds
+// copies the buffers first).
 class KVCache {
  public:
-  std::size_t length() const { return keys.defined() ? keys.size(2) : 0; }  // cached positions T
+  std::size_t length() const { return length_; }  // cached positions T
   // B · T · n_kv_heads · (d_head + d_v) · sizeof(dtype): this layer's cache for B sequences.
   std::size_t bytes() const;
   std::size_t bytes_per_sequence() const;
-  void clear() { keys = values = Tensor(); }
+  void clear() { *this = KVCache(); }
+  // Copies of the cached keys (B, T, n_kv_heads · d_head) and values (B, T, n_kv_heads · d_v),
+  // heads side by side as the projections write them; undefined when empty.
+  Tensor keys() const;
+  Tensor values() const;
+  // Appends keys (B, T_new, n_kv_heads · d_head) and values (B, T_new, n_kv_heads · d_v) of the
+  // next positions; std::invalid_argument when they do not fit what it holds.
+  void append(const Tensor& keys, const Tensor& values);
 
-  Tensor keys;    // (B, n_kv_heads, T, d_head)
-  Tensor values;  // (B, n_kv_heads, T, d_v)
+  // The buffers, (B, capacity, ·): rows past length() are not the cache's.
+  const Tensor& key_buffer() const;
+  const Tensor& value_buffer() const;
+
+ private:
+  friend class MultiHeadAttention;
+  // Appends columns [k_col, k_col + k_width) of keys (B, T_new, ·) and [v_col, v_col + v_width) of
+  // values: the heads of a packed projection.
+  void append_columns(const Tensor& keys, std::size_t k_col, std::size_t k_width, const Tensor& values, std::size_t v_col,
+                      std::size_t v_width);
+  struct Buffers {
+    Tensor keys, values;  // (B, capacity, ·)
+    std::size_t used = 0;  // rows written by the copy that appended last
+  };
+  std::shared_ptr<Buffers> buffers_;
+  std::size_t length_ = 0;
 };
 
 class MultiHeadAttention : public Module {
@@ -111,6 +137,11 @@ class MultiHeadAttention : public Module {
   Tensor keys_of(const Tensor& q) const;  // QK::symmetric: k = q ⊙ s
   AttentionResult attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights, KVCache* cache,
                          bool unbatched) const;
+  // Decoding without weights or hooks, outside autograd: appends k and v (B, T_new, ·) to the
+  // cache and attends the queries, heads from column q_col of q (B, Tq, ·), to all it holds in
+  // the fused kernel.
+  AttentionResult attend_cached(const Tensor& q, std::size_t q_col, const Tensor& k, std::size_t k_col, const Tensor& v,
+                                std::size_t v_col, const AttentionMask& mask, KVCache& cache, bool unbatched) const;
   MultiHeadAttentionOptions options_;
   Tensor signs32_, signs64_;  // key_signs
 };

@@ -19,6 +19,11 @@ constexpr std::size_t softmax_lanes = 16;
 // but never used. float32 vectorised (e^x as vector_exp), float64 column by column (std::exp).
 void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale);
 void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale);
+// One vector of n contiguous entries (a single query's scores, in decoding), of which the first
+// `limit` are visible: as a column of softmax_columns, vectorised along the entries (float32),
+// its total summed in another order.
+void softmax_row(float* s, std::size_t n, std::size_t limit, float scale);
+void softmax_row(double* s, std::size_t n, std::size_t limit, double scale);
 // Softmax backward in place of d, for p a block softmax_columns made (same ld and limits):
 // d[j, c] = scale · p[j, c] · (d[j, c] − Σ_k p[k, c] d[k, c]) over visible entries, 0 elsewhere.
 void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows, const std::int32_t* limits,

@@ -145,3 +145,29 @@ TEST_CASE("transpose: small (16-row tiles and the rest) and large (libxsmm), row
     CHECK(wrong == 0);
   }
 }
+
+TEST_CASE("the row softmax equals a column of the column kernel, zero past its limit, and zero when nothing is visible") {
+  const std::size_t n = 37, lanes = detail::softmax_lanes;
+  for (std::size_t limit : {0, 1, 15, 16, 17, 33, 37, 50}) {
+    INFO("limit " << limit);
+    std::vector<float> row(n), block(n * lanes, 0.0f);
+    std::vector<double> row64(n);
+    for (std::size_t j = 0; j < n; ++j) row64[j] = block[j * lanes] = row[j] = float(std::cos(0.9 * double(j)) * 5);
+    std::int32_t limits[16] = {};
+    limits[0] = std::int32_t(limit);
+    detail::softmax_columns(block.data(), lanes, n, limits, 0.8f);
+    detail::softmax_row(row.data(), n, limit, 0.8f);
+    detail::softmax_row(row64.data(), n, limit, 0.8);
+    double total = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      CHECK(row[j] == Approx(block[j * lanes]).margin(1e-7).epsilon(1e-6));  // the total's order differs
+      CHECK(row64[j] == Approx(row[j]).margin(1e-7).epsilon(1e-6));
+      if (j >= limit) CHECK(row[j] == 0);
+      total += row[j];
+    }
+    CHECK(total == Approx(limit == 0 ? 0.0 : 1.0).margin(1e-6));
+  }
+  std::vector<float> hidden(5, -std::numeric_limits<float>::infinity());
+  detail::softmax_row(hidden.data(), 5, 5, 1.0f);
+  for (float p : hidden) CHECK(p == 0);
+}

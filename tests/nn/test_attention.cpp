@@ -336,3 +336,58 @@ TEST_CASE("QK symmetric: k = q times a fixed sign vector, scores exactly symmetr
   CHECK_THAT(invalid_argument_message([&] { MultiHeadAttention{o}; }),
              Contains("qk=symmetric needs d_head of at least 2"));
 }
+
+TEST_CASE("a KV cache appends in place, and a copy of it is a snapshot the other's appends never change") {
+  Generator gen(21);
+  const Tensor k = randn({2, 40, 6}, DType::float64, gen), v = randn({2, 40, 4}, DType::float64, gen);
+  const auto rows = [](const Tensor& t, std::int64_t from, std::int64_t to) { return slice(t, 1, from, to); };
+  KVCache cache;
+  CHECK(cache.length() == 0);
+  CHECK_FALSE(cache.keys().defined());
+  for (std::int64_t t = 0; t < 10; ++t) cache.append(rows(k, t, t + 1), rows(v, t, t + 1));
+  const Tensor buffer = cache.key_buffer();
+  cache.append(rows(k, 10, 12), rows(v, 10, 12));
+  CHECK(cache.key_buffer().value<double>().data() == buffer.value<double>().data());  // room left: in place
+  const KVCache snapshot = cache;
+  // The two copies go different ways: each keeps what it appended.
+  cache.append(rows(k, 12, 40), rows(v, 12, 40));  // past the room: grows
+  KVCache other = snapshot;
+  other.append(rows(k, 0, 1) * 0.0 + 7.0, rows(v, 0, 1) * 0.0 - 1.0);
+  CHECK(cache.length() == 40);
+  CHECK(snapshot.length() == 12);
+  CHECK(other.length() == 13);
+  check_close(cache.keys(), k.value<double>(), 0);
+  check_close(cache.values(), v.value<double>(), 0);
+  check_close(snapshot.keys(), Array<double>(xt::view(k.value<double>(), xt::all(), xt::range(0, 12), xt::all())), 0);
+  const Array<double> mine = other.keys().value<double>();
+  CHECK(xt::all(xt::equal(xt::view(mine, xt::all(), 12, xt::all()), 7.0)));
+  check_close(Tensor(Array<double>(xt::view(mine, xt::all(), xt::range(0, 12), xt::all()))),
+              Array<double>(xt::view(k.value<double>(), xt::all(), xt::range(0, 12), xt::all())), 0);
+  CHECK(cache.bytes() == 2 * 40 * (6 + 4) * 8);
+  // Keys of another width, or for other sequences, are named.
+  CHECK_THROWS_WITH(cache.append(slice(rows(k, 0, 1), 2, 0, 5), rows(v, 0, 1)),
+                    Contains("the cache holds keys of shape (B, T, ·) = (2,40,6) and values of width 4 in float64; this "
+                             "call appends (2,1,5) and 4 in float64"));
+  cache.clear();
+  CHECK(cache.length() == 0);
+  CHECK(cache.bytes() == 0);
+}
+
+TEST_CASE("decoding with weights or hooks, op by op, and without, in the fused kernel, agree and fill the same cache") {
+  auto o = options(8, 4, 2);
+  MultiHeadAttention mha(o);
+  const Tensor x = random_input({2, 5, 8}, 31);
+  const AttentionResult full = mha.forward(x, {.causal = true}, true);
+  KVCache fused, op_by_op;
+  NoGradGuard no_grad;
+  for (std::int64_t t = 0; t < 5; ++t) {
+    const Tensor step = slice(x, 1, t, t + 1);
+    const Tensor a = mha.forward(step, {.causal = true}, false, &fused).output;
+    const AttentionResult b = mha.forward(step, {.causal = true}, true, &op_by_op);
+    check_close(a, b.output.value<double>(), 1e-12);
+    check_close(b.weights, Array<double>(xt::view(full.weights.value<double>(), xt::all(), xt::all(), xt::range(t, t + 1),
+                                                  xt::range(0, t + 1))), 1e-12);
+  }
+  check_close(fused.keys(), op_by_op.keys().value<double>(), 0);
+  check_close(fused.values(), op_by_op.values().value<double>(), 0);
+}
