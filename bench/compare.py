@@ -2,11 +2,13 @@
 """Runs qkv-bench and its PyTorch twin side by side and prints a markdown table.
 
     bench/compare.py [--bench build/qkv-bench] [--threads 2] [--seconds 5] [--rounds 3]
-                     [--configs tiny,small,medium]
+                     [--configs tiny,small,medium] [--decode-configs small] [--decode-batches 1,16]
 
 First the machine's sgemm rate (qkv-bench --peak, the best of 512-2048 square products through
 OpenBLAS); then, per config, `rounds` rounds of qkv and PyTorch, alternating, so that both see
-the same machine. Each cell is the median over rounds.
+the same machine. Each cell is the median over rounds. Then the decoding table: greedy generation
+of 256 tokens per sequence from the decode configs' models, for each batch size, with the KV
+cache and without (--decode-configs "" leaves it out).
 """
 import argparse
 import datetime
@@ -45,6 +47,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--configs", default="tiny,small,medium")
+    parser.add_argument("--decode-configs", default="small")
+    parser.add_argument("--decode-batches", default="1,16")
     args = parser.parse_args()
 
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # PyTorch threads through torch.set_num_threads
@@ -59,7 +63,7 @@ def main():
     torch_cmd = [sys.executable, os.path.join(HERE, "torch_bench.py"), *threads, *seconds]
 
     rows, torch_version = [], None
-    for name in args.configs.split(","):
+    for name in filter(None, args.configs.split(",")):
         runs = {"qkv": [], "torch": []}
         for _ in range(args.rounds):
             runs["qkv"].append(run_json([*qkv_cmd, "--config", name], env))
@@ -76,17 +80,41 @@ def main():
             sys.exit(f"compare.py: {name}: the FLOP counts per step differ: {flops}")
         rows.append((name, runs["qkv"][0]["params"], med["qkv"], med["torch"]))
 
+    decode_rows = []
+    for name in filter(None, args.decode_configs.split(",")):
+        for batch in (int(b) for b in args.decode_batches.split(",")):
+            for cache in (True, False):
+                flags = ["--decode", "--config", name, "--batch", str(batch)] + ([] if cache else ["--no-cache"])
+                runs = {"qkv": [], "torch": []}
+                for _ in range(args.rounds):
+                    runs["qkv"].append(run_json([*qkv_cmd, *flags], env))
+                    runs["torch"].append(run_json([*torch_cmd, *flags], env))
+                if runs["qkv"][0]["params"] != runs["torch"][0]["params"]:
+                    sys.exit(f"compare.py: decoding {name}: qkv has {runs['qkv'][0]['params']} parameters, "
+                             f"PyTorch {runs['torch'][0]['params']}: the models differ")
+                med = {impl: statistics.median(r["tokens_per_s"] for r in rs) for impl, rs in runs.items()}
+                torch_version = runs["torch"][0]["torch"]
+                decode_rows.append((name, runs["qkv"][0]["params"], batch, cache, med["qkv"], med["torch"]))
     print(f"{datetime.date.today().isoformat()}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads, "
           f"PyTorch {torch_version}, OpenBLAS kernels {env['OPENBLAS_CORETYPE']}; sgemm peak {peak:.0f} GFLOP/s; median of {args.rounds} rounds of "
           f"{args.seconds:g} s\n")
-    print("| config | params | qkv steps/s | PyTorch steps/s | qkv / PyTorch | qkv GFLOP/s (% peak) "
-          "| PyTorch GFLOP/s (% peak) | qkv peak MB | PyTorch peak MB | memory qkv / PyTorch |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    if rows:
+        print("| config | params | qkv steps/s | PyTorch steps/s | qkv / PyTorch | qkv GFLOP/s (% peak) "
+              "| PyTorch GFLOP/s (% peak) | qkv peak MB | PyTorch peak MB | memory qkv / PyTorch |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, params, q, t in rows:
         print(f"| {name} | {params} | {q['steps_per_s']:.1f} | {t['steps_per_s']:.1f} "
               f"| {q['steps_per_s'] / t['steps_per_s']:.2f}x "
               f"| {q['gflops']:.1f} ({100 * q['gflops'] / peak:.0f}%) | {t['gflops']:.1f} ({100 * t['gflops'] / peak:.0f}%) "
               f"| {q['peak_rss_mb']:.0f} | {t['peak_rss_mb']:.0f} | {q['peak_rss_mb'] / t['peak_rss_mb']:.2f} |")
+
+    if decode_rows:
+        print(f"\nGreedy generation of 256 tokens per sequence after a start token, tokens per second "
+              f"(median of {args.rounds} rounds):\n")
+        print("| config | params | batch | KV cache | qkv tokens/s | PyTorch tokens/s | qkv / PyTorch |")
+        print("|---|---:|---:|---|---:|---:|---:|")
+        for name, params, batch, cache, q, t in decode_rows:
+            print(f"| {name} | {params} | {batch} | {'yes' if cache else 'no'} | {q:.0f} | {t:.0f} | {q / t:.2f}x |")
 
 
 if __name__ == "__main__":
