@@ -15,9 +15,9 @@ runs them as one GEMM.
 times greedy generation instead, as qkv-bench --decode does: the same model with positions for a
 start token and 256 more writes them one at a time under torch.no_grad(). Without the cache each
 step runs the model (nn.MultiheadAttention's forward) on the whole sequence so far; with it, a
-loop of its own keeps each layer's keys and values and runs the newest token alone through the
-layer's weights (in_proj, the heads' softmax(q kᵀ/√d) v, out_proj): nn.MultiheadAttention in
-PyTorch 1.13 has no cache.
+loop of its own keeps each layer's keys and values in buffers with room for every position and
+runs the newest token alone through the layer's weights (in_proj, the heads' softmax(q kᵀ/√d) v,
+out_proj): nn.MultiheadAttention in PyTorch 1.13 has no cache.
 """
 import argparse
 import json
@@ -74,17 +74,18 @@ class BenchModel(torch.nn.Module):
 
     def logits_cached(self, ids, offset, caches):
         """The logits of the newest tokens (B, n) at positions offset…, against each layer's cached
-        keys and values [k, v] (B, H, T, d_head), which grow by these positions."""
+        keys and values: buffers (B, H, positions, d_head) with room for every position, into which
+        these positions' are written (no copy of the past, as qkv's cache appends in place)."""
         B, n = ids.shape
         x = self.tok(ids) + self.pos[offset:offset + n]
-        for layer, cache in zip(self.layers, caches):
+        for layer, (k_buf, v_buf) in zip(self.layers, caches):
             D = x.shape[-1]
             d = D // self.heads
             q, k, v = F.linear(x, layer.in_proj_weight, layer.in_proj_bias).chunk(3, dim=-1)
             q, k, v = (t.reshape(B, n, self.heads, d).transpose(1, 2) for t in (q, k, v))
-            if cache:
-                k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-            cache[:] = [k, v]
+            k_buf[:, :, offset:offset + n] = k
+            v_buf[:, :, offset:offset + n] = v
+            k, v = k_buf[:, :, :offset + n], v_buf[:, :, :offset + n]
             scores = q @ k.transpose(-2, -1) / d ** 0.5
             if n > 1:  # the new positions among themselves: causal
                 scores = scores.masked_fill(self.blocked[offset:offset + n, :offset + n], float("-inf"))
@@ -122,7 +123,7 @@ def decode(args):
     @torch.no_grad()
     def generate():
         seq = start
-        caches = [[] for _ in range(L)]
+        caches = [(torch.empty(B, H, count + 1, D // H), torch.empty(B, H, count + 1, D // H)) for _ in range(L)]
         for t in range(count):
             logits = model.logits_cached(seq[:, t:t + 1], t, caches) if not args.no_cache else model.logits(seq)
             seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)

@@ -224,19 +224,20 @@ void check_heads(std::size_t n_heads, std::size_t n_kv_heads) {
 
 }  // namespace
 
-Tensor detail::cached_attention(const Tensor& q, std::size_t q_col, const Tensor& keys, const Tensor& values,
+Tensor detail::cached_attention(const Tensor& q, const Tensor& keys, const Tensor& values,
                                 std::size_t length, std::size_t n_heads, std::size_t n_kv_heads, double scale, bool causal,
                                 const MaskArray& allowed) {
   check_inputs(op_name, {&q, &keys, &values});
-  if (q.requires_grad() && is_grad_enabled()) fail(op_name, "attention against a KV cache is forward only");
+  if (is_grad_enabled() && (q.requires_grad() || keys.requires_grad() || values.requires_grad()))
+    fail(op_name, "attention against a KV cache is forward only");
   check_heads(n_heads, n_kv_heads);
   const Shape sq = q.shape(), sk = keys.shape(), sv = values.shape();
   if (sq.size() != 3 || sk.size() != 3 || sv.size() != 3 || sk[0] != sq[0] || sv[0] != sq[0] || sv[1] != sk[1] ||
-      length > sk[1] || sk[2] % n_kv_heads != 0 || sv[2] % n_kv_heads != 0 || q_col + n_heads * (sk[2] / n_kv_heads) > sq[2])
-    fail(op_name, "queries {} (from column {}) against {} cached keys of {} and values of {}: they do not fit", to_string(sq),
-         q_col, length, to_string(sk), to_string(sv));
+      length > sk[1] || sk[2] % n_kv_heads != 0 || sv[2] % n_kv_heads != 0 || sq[2] != n_heads * (sk[2] / n_kv_heads))
+    fail(op_name, "queries {} against {} cached keys of {} and values of {}: they do not fit", to_string(sq), length,
+         to_string(sk), to_string(sv));
   const Layout L{sq[0], sq[1], length, n_heads, n_kv_heads, sk[2] / n_kv_heads, sv[2] / n_kv_heads, causal, nullptr};
-  const Operand op[3] = {{0, sq[2], q_col, 0}, {1, sk[2], 0, sk[1]}, {2, sv[2], 0, sv[1]}};
+  const Operand op[3] = {{0, sq[2], 0, 0}, {1, sk[2], 0, sk[1]}, {2, sv[2], 0, sv[1]}};
   return run({q, keys, values}, op, L, scale, allowed);
 }
 

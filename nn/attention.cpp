@@ -126,7 +126,13 @@ std::size_t KVCache::bytes() const {
   return k.size(0) * length_ * (k.size(2) + buffers_->values.size(2)) * dtype_size(k.dtype());
 }
 
-std::size_t KVCache::bytes_per_sequence() const { return buffers_ ? bytes() / buffers_->keys.size(0) : 0; }
+std::size_t KVCache::bytes_per_sequence() const {
+  return buffers_ && buffers_->keys.size(0) > 0 ? bytes() / buffers_->keys.size(0) : 0;
+}
+
+std::size_t KVCache::capacity_bytes() const {
+  return buffers_ ? (buffers_->keys.numel() + buffers_->values.numel()) * dtype_size(buffers_->keys.dtype()) : 0;
+}
 
 Tensor KVCache::keys() const { return buffers_ ? slice(buffers_->keys, 1, 0, std::int64_t(length_)) : Tensor(); }
 
@@ -145,13 +151,9 @@ const Tensor& KVCache::value_buffer() const {
 void KVCache::append(const Tensor& k, const Tensor& v) {
   if (!k.defined() || !v.defined() || k.dim() != 3 || v.dim() != 3)
     fail("KVCache", "append takes keys and values (B, T_new, ·)");
-  append_columns(k, 0, k.size(2), v, 0, v.size(2));
-}
-
-void KVCache::append_columns(const Tensor& k, std::size_t k_col, std::size_t k_width, const Tensor& v, std::size_t v_col,
-                             std::size_t v_width) {
+  const std::size_t k_width = k.size(2), v_width = v.size(2);
   const std::size_t B = k.size(0), n = k.size(1), need = length_ + n;
-  if (v.size(0) != B || v.size(1) != n || k.dtype() != v.dtype() || k_col + k_width > k.size(2) || v_col + v_width > v.size(2))
+  if (v.size(0) != B || v.size(1) != n || k.dtype() != v.dtype())
     fail("KVCache", "keys {} and values {} of different sequences, positions or dtypes", to_string(k.shape()),
          to_string(v.shape()));
   if (buffers_) {
@@ -164,10 +166,11 @@ void KVCache::append_columns(const Tensor& k, std::size_t k_col, std::size_t k_w
   }
   const auto typed = [&](auto tag) {
     using T = decltype(tag);
-    // In place when this copy wrote last and there is room; otherwise new buffers (twice the rows
-    // needed), holding this copy's positions.
+    // In place when this copy wrote last and there is room; otherwise new buffers holding this
+    // copy's positions: as many rows as needed at first (a prompt, or a memory that never grows),
+    // then twice the old room, so that one row a step copies the past only log₂ T times.
     if (!buffers_ || buffers_->used != length_ || need > buffers_->keys.size(1)) {
-      const std::size_t capacity = std::max<std::size_t>(16, 2 * need);
+      const std::size_t capacity = buffers_ ? std::max(need, 2 * buffers_->keys.size(1)) : need;
       auto fresh = std::make_shared<Buffers>();
       Array<T> keys = Array<T>::from_shape({B, capacity, k_width}), values = Array<T>::from_shape({B, capacity, v_width});
       if (buffers_) {
@@ -183,15 +186,15 @@ void KVCache::append_columns(const Tensor& k, std::size_t k_col, std::size_t k_w
       fresh->values = Tensor(std::move(values));
       buffers_ = std::move(fresh);
     }
-    const std::size_t capacity = buffers_->keys.size(1), kw = k.size(2), vw = v.size(2);
+    const std::size_t capacity = buffers_->keys.size(1);
     T* dk = buffers_->keys.mutable_value<T>().data();
     T* dv = buffers_->values.mutable_value<T>().data();
     const T* sk = k.value<T>().data();
     const T* sv = v.value<T>().data();
     for (std::size_t b = 0; b < B; ++b)
       for (std::size_t t = 0; t < n; ++t) {
-        std::copy_n(sk + (b * n + t) * kw + k_col, k_width, dk + (b * capacity + length_ + t) * k_width);
-        std::copy_n(sv + (b * n + t) * vw + v_col, v_width, dv + (b * capacity + length_ + t) * v_width);
+        std::copy_n(sk + (b * n + t) * k_width, k_width, dk + (b * capacity + length_ + t) * k_width);
+        std::copy_n(sv + (b * n + t) * v_width, v_width, dv + (b * capacity + length_ + t) * v_width);
       }
   };
   if (k.dtype() == DType::float32) typed(float());
@@ -237,15 +240,15 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   check_input("input x", x, o.d_model);
   const Tensor xb = batched(x);
   const bool symmetric = o.qk == QK::symmetric;
+  // Decoding: new positions against a cache, without weights, hooks or gradients, in the fused kernel.
+  const bool decoding = cache != nullptr && !need_weights && hooks.empty() && !is_grad_enabled();
   if (o.proj == Projection::identity) {
     const Tensor k = symmetric ? keys_of(xb) : xb;
-    if (cache && !need_weights && hooks.empty() && !is_grad_enabled())
-      return attend_cached(xb, 0, k, 0, xb, 0, mask, *cache, x.dim() == 2);
+    if (decoding) return attend_cached(xb, k, xb, mask, *cache, x.dim() == 2);
     return attend(xb, k, xb, mask, need_weights, cache, x.dim() == 2);
   }
   const Linear& k_lin = k_proj ? *k_proj : *q_proj;
-  const bool decoding = cache != nullptr && !need_weights && hooks.empty() && !is_grad_enabled();
-  if ((!need_weights && cache == nullptr && hooks.empty()) || decoding) {
+  if (!need_weights && cache == nullptr && hooks.empty()) {
     // One GEMM over the stacked weights [W_q; W_k; W_v] makes q, k and v side by side, and one fused
     // op attends every head reading them in place. Symmetric keys: the rows of W_q (and b_q) times s.
     const Tensor signs = symmetric ? key_signs(q_proj->weight.dtype()) : Tensor();
@@ -253,11 +256,6 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
     const Tensor w = concat({q_proj->weight, wk, v_proj->weight}, 0);
     const Tensor b = o.qkv_bias ? concat({q_proj->bias, symmetric ? q_proj->bias * signs : k_lin.bias, v_proj->bias}, 0)
                                 : Tensor();
-    if (decoding) {
-      const Tensor qkv = linear(xb, w, b);
-      const std::size_t k_col = o.n_heads * o.d_head;
-      return attend_cached(qkv, 0, qkv, k_col, qkv, k_col + o.n_kv_heads * o.d_head, mask, *cache, x.dim() == 2);
-    }
     const FusedMask m = fused_mask(mask, xb.size(0), o.n_heads, xb.size(1), xb.size(1));
     AttentionResult r;
     r.output = (*out_proj)(scaled_dot_product_attention(linear(xb, w, b), o.n_heads, o.n_kv_heads, o.d_head, o.d_v,
@@ -265,8 +263,11 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
     if (x.dim() == 2) r.output = unbatched(r.output);
     return r;
   }
+  // Also decoding: a few new positions, for which three products cost less than one on weights
+  // concatenated anew at every step (a copy of 3·d_model² weights).
   const Tensor q = (*q_proj)(xb);
   const Tensor k = k_proj ? (*k_proj)(xb) : symmetric ? keys_of(q) : q;
+  if (decoding) return attend_cached(q, k, (*v_proj)(xb), mask, *cache, x.dim() == 2);
   return attend(q, k, (*v_proj)(xb), mask, need_weights, cache, x.dim() == 2);
 }
 
@@ -291,21 +292,20 @@ AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& k
     q = (*q_proj)(qb), k = k_lin(kb), v = (*v_proj)(vb);
   }
   if (symmetric) k = keys_of(k);
-  if (decoding) return attend_cached(q, 0, k, 0, v, 0, mask, *cache, query.dim() == 2);
+  if (decoding) return attend_cached(q, k, v, mask, *cache, query.dim() == 2);
   return attend(q, k, v, mask, need_weights, cache, query.dim() == 2);
 }
 
-AttentionResult MultiHeadAttention::attend_cached(const Tensor& q, std::size_t q_col, const Tensor& k, std::size_t k_col,
-                                                  const Tensor& v, std::size_t v_col, const AttentionMask& mask,
-                                                  KVCache& cache, bool unbatched_input) const {
+AttentionResult MultiHeadAttention::attend_cached(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const AttentionMask& mask, KVCache& cache, bool unbatched_input) const {
   const auto& o = options_;
   const KVCache before = cache;  // a snapshot: what a failed step restores
   try {
-    cache.append_columns(k, k_col, o.n_kv_heads * o.d_head, v, v_col, o.n_kv_heads * o.d_v);
+    cache.append(k, v);
     const std::size_t B = q.size(0), Tq = q.size(1), Tk = cache.length();
     const FusedMask m = fused_mask(mask, B, o.n_heads, Tq, Tk);
     AttentionResult r;
-    r.output = (*out_proj)(detail::cached_attention(q, q_col, cache.key_buffer(), cache.value_buffer(), Tk, o.n_heads,
+    r.output = (*out_proj)(detail::cached_attention(q, cache.key_buffer(), cache.value_buffer(), Tk, o.n_heads,
                                                     o.n_kv_heads, scale(), m.causal, m.allowed));
     if (unbatched_input) r.output = unbatched(r.output);
     return r;
@@ -342,8 +342,16 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   if (cache) {
     extended = *cache;
     extended.append(k, v);
-    k = extended.keys();
-    v = extended.values();
+    if (is_grad_enabled() && (k.requires_grad() || v.requires_grad())) {
+      // The new positions keep their gradient; the cached ones are constants.
+      if (cache->length() > 0) {
+        k = concat({cache->keys(), k}, 1);
+        v = concat({cache->values(), v}, 1);
+      }
+    } else {
+      k = extended.keys();
+      v = extended.values();
+    }
   }
   const I Tk = I(k.size(1));
   Tensor q5 = permute(reshape(q, {B, Tq, Hkv, G, dh}), {0, 2, 3, 1, 4});  // (B, Hkv, G, Tq, dh)

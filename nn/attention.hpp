@@ -63,6 +63,9 @@ class KVCache {
   // B · T · n_kv_heads · (d_head + d_v) · sizeof(dtype): this layer's cache for B sequences.
   std::size_t bytes() const;
   std::size_t bytes_per_sequence() const;
+  // The bytes its buffers take, room for later positions included (at most twice bytes(), once
+  // it has grown).
+  std::size_t capacity_bytes() const;
   void clear() { *this = KVCache(); }
   // Copies of the cached keys (B, T, n_kv_heads · d_head) and values (B, T, n_kv_heads · d_v),
   // heads side by side as the projections write them; undefined when empty.
@@ -77,11 +80,6 @@ class KVCache {
   const Tensor& value_buffer() const;
 
  private:
-  friend class MultiHeadAttention;
-  // Appends columns [k_col, k_col + k_width) of keys (B, T_new, ·) and [v_col, v_col + v_width) of
-  // values: the heads of a packed projection.
-  void append_columns(const Tensor& keys, std::size_t k_col, std::size_t k_width, const Tensor& values, std::size_t v_col,
-                      std::size_t v_width);
   struct Buffers {
     Tensor keys, values;  // (B, capacity, ·)
     std::size_t used = 0;  // rows written by the copy that appended last
@@ -94,9 +92,11 @@ class MultiHeadAttention : public Module {
  public:
   explicit MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator());
 
-  // Self-attention. Without need_weights and a cache, one GEMM makes q, k and v side by side and one
-  // fused op (scaled_dot_product_attention) attends every head in place; otherwise the steps run as
-  // separate ops, keeping scores and weights.
+  // Self-attention. Without need_weights or hooks, one GEMM makes q, k and v side by side and one
+  // fused op (scaled_dot_product_attention) attends every head in place, and so do decoding steps
+  // with a cache under NoGradGuard (reading the cached keys and values in place); otherwise the
+  // steps run as separate ops, keeping scores and weights. With gradients on, a step with a cache
+  // passes gradients to its new positions' keys and values (the cached ones are constants).
   // x is (B, T, d_model), or (T, d_model) unbatched (the results then have no B dimension).
   AttentionResult forward(const Tensor& x, const AttentionMask& mask = {}, bool need_weights = false,
                           KVCache* cache = nullptr) const;
@@ -138,10 +138,9 @@ class MultiHeadAttention : public Module {
   AttentionResult attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights, KVCache* cache,
                          bool unbatched) const;
   // Decoding without weights or hooks, outside autograd: appends k and v (B, T_new, ·) to the
-  // cache and attends the queries, heads from column q_col of q (B, Tq, ·), to all it holds in
-  // the fused kernel.
-  AttentionResult attend_cached(const Tensor& q, std::size_t q_col, const Tensor& k, std::size_t k_col, const Tensor& v,
-                                std::size_t v_col, const AttentionMask& mask, KVCache& cache, bool unbatched) const;
+  // cache and attends the queries q (B, Tq, H·d_head) to all it holds in the fused kernel.
+  AttentionResult attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
+                                KVCache& cache, bool unbatched) const;
   MultiHeadAttentionOptions options_;
   Tensor signs32_, signs64_;  // key_signs
 };

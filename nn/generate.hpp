@@ -6,8 +6,8 @@
 // values of the positions before it come from the cache, which grows by one row a step, and an
 // EncoderDecoder's cross-attention projects the encoder's memory once per sequence. Without it,
 // each step runs the model on the whole sequence so far. Both compute the same logits, up to
-// rounding (the cached steps attend op by op, the full forward in the fused kernel; in float32
-// they may differ in the last bits, and a near-tie could then go either way).
+// rounding (a cached step's single query sums its softmax in another order than the full
+// forward's; in float32 they may differ in the last bits, and a near-tie could then go either way).
 #include <cstdint>
 
 #include "qkv/core/random.hpp"

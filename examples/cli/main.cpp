@@ -143,6 +143,10 @@ int run_eval(const std::string& dir, std::size_t n, std::uint64_t seed) {
 // Each head ablated in turn on fresh sequences: a table, or --json.
 int run_ablate(const std::string& dir, std::size_t n, std::uint64_t seed, bool json) {
   const TrainOptions o = read_config(dir);
+  if (o.encoder_layers)
+    throw std::runtime_error(fmt::format("{}: a {} run, whose model is an encoder-decoder: qkv ablate reads decoder-only "
+                                         "models (qkv inspect shows its cross-attention)",
+                                         dir, o.task));
   const auto model = load_model(dir);
   const auto task = make_task(o.task, o.n);
   Ablation a = ablate(*model, *task, task_spec(o.task).corruption, (n + o.batch - 1) / o.batch, o.batch, seed, o.mask_padding);
@@ -287,7 +291,7 @@ int run_train(TrainOptions o) {
     r = train(o, std::cerr, ::isatty(2));
   } catch (const OptionError& e) {
     // A resumed run's options come from its config.json.
-    if (o.resume) throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", o.out, e.field, e.what()));
+    if (o.resume) throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", o.out, config_field(o, e.field), e.what()));
     usage(option_of(e.field), "{}", e.what());
   }
   const nlohmann::json line = {{"task", o.task}, {"accuracy", r.eval.accuracy}, {"exact_match", r.eval.exact_match},
@@ -402,7 +406,7 @@ int main(int argc, char** argv) {
       "generate", "Continue an input with the model of a run whose task predicts the next token, or write a seq2seq run's output");
   generate_cmd->add_option("DIR", generate_args.dir, "Run folder (as qkv train --out)")->required();
   generate_cmd->add_option("--input", generate_args.input, "The tokens to continue, or a seq2seq task's source")->required();
-  generate_cmd->add_option("--tokens", generate_args.tokens, "Tokens to generate (default: up to the model's positions, or its end token)")
+  generate_cmd->add_option("--tokens", generate_args.tokens, "Tokens to generate (default: up to the model's positions; a seq2seq output is printed up to its end token)")
       ->check(whole(1, max_width));
   generate_cmd->add_flag("--no-cache", generate_args.no_cache, "Run the model on the whole sequence at every step");
   generate_cmd->add_option("--temperature", generate_args.temperature, "Sample at this temperature (default 0: greedy)");

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <ostream>
 #include <sstream>
 
@@ -84,8 +85,8 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
   // A step keeps, per layer, a few (B, T, D)-sized activations, the packed q/k/v, and the attention
   // weights (B, H, T, T, padded to 16 queries); backward allocates as much again for gradients. An
   // encoder-decoder's decoder layers attend twice, to themselves and to the source.
-  const auto layer = [&](double queries, double keys) {
-    return B * queries * (6 * D + 2 * qkv_width + mlp * 14 * D) + 2 * B * H * queries * (std::ceil(keys / 16) * 16);
+  const auto layer = [&](double queries, double keys) {  // Pᵀ: keys × queries padded to 16
+    return B * queries * (6 * D + 2 * qkv_width + mlp * 14 * D) + 2 * B * H * keys * (std::ceil(queries / 16) * 16);
   };
   const double layers = encoder_layers * layer(S, S) + L * (layer(T, T) + (o.encoder_layers ? layer(T, S) : 0));
   e.step = 2 * 4 * (layers + B * T * (3 * D + 2 * double(m.n_classes)) + B * S * 3 * D);
@@ -100,6 +101,16 @@ nn::EncoderDecoderConfig encoder_decoder_config(const TrainOptions& o) {
           .max_tgt_len = m.max_len, .encoder_layers = o.encoder_layers, .decoder_layers = m.layers, .d_model = m.d_model,
           .heads = m.heads, .d_head = m.d_head, .qk = m.qk, .proj = m.proj, .mlp = m.mlp, .positions = m.positions,
           .dtype = m.dtype};
+}
+
+std::string config_field(const TrainOptions& o, const std::string& field) {
+  if (!o.encoder_layers) return field;
+  static const std::map<std::string, std::string> names = {
+      {"model.vocab_size", "model.tgt_vocab"}, {"model.n_classes", "model.tgt_vocab"},
+      {"model.max_len", "model.max_tgt_len"}, {"model.layers", "model.decoder_layers"},
+      {"max_source_len", "model.max_src_len"}, {"encoder_layers", "model.encoder_layers"}};
+  const auto it = names.find(field);
+  return it == names.end() ? field : it->second;
 }
 
 namespace {
@@ -242,7 +253,7 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
     const nn::EncoderDecoderConfig c = nn::detail::read_encoder_decoder_config(r.at("model"), file, "model.");
     const std::size_t source_vocab = make_task(task, o.n)->info().seq2seq->source_vocab;
     if (c.src_vocab != source_vocab)
-      r.fail_at("model", "has src_vocab {}, but the {} task's sources have {} tokens", c.src_vocab, task, source_vocab);
+      r.fail_at("model.src_vocab", "is {}, but the {} task's sources have {} tokens", c.src_vocab, task, source_vocab);
     o.model.vocab_size = o.model.n_classes = c.tgt_vocab;
     o.model.max_len = c.max_tgt_len, o.model.layers = c.decoder_layers, o.model.d_model = c.d_model;
     o.model.heads = c.heads, o.model.d_head = c.d_head, o.model.qk = c.qk, o.model.proj = c.proj, o.model.mlp = c.mlp;
@@ -259,7 +270,7 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   try {
     check_options(o);  // not the memory: a run trained elsewhere may still load here
   } catch (const OptionError& e) {
-    throw std::runtime_error(fmt::format("{}: '{}' {}", file, e.field, e.what()));
+    throw std::runtime_error(fmt::format("{}: '{}' {}", file, config_field(o, e.field), e.what()));
   }
   return o;
 }
@@ -302,7 +313,7 @@ TrainOptions checked_run(const std::string& dir, bool seq2seq) {
   try {
     check_memory(o, false);
   } catch (const OptionError& e) {
-    throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", dir, e.field, e.what()));
+    throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", dir, config_field(o, e.field), e.what()));
   }
   return o;
 }

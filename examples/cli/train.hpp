@@ -58,6 +58,10 @@ struct TrainOptions {
 // The encoder-decoder of a seq2seq task's options (its vocabularies the task's).
 nn::EncoderDecoderConfig encoder_decoder_config(const TrainOptions& options);
 
+// The name config.json gives an OptionError's field: the same, but for an encoder-decoder run's
+// model, whose file names the decoder's sizes its own way ("model.max_len" is "model.max_tgt_len").
+std::string config_field(const TrainOptions& options, const std::string& field);
+
 // The largest values train accepts. Memory is checked apart (check_memory), and refuses most runs
 // long before these.
 inline constexpr std::size_t max_steps = 1'000'000'000, max_batch = 1'000'000,

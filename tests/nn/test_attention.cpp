@@ -341,29 +341,39 @@ TEST_CASE("a KV cache appends in place, and a copy of it is a snapshot the other
   Generator gen(21);
   const Tensor k = randn({2, 40, 6}, DType::float64, gen), v = randn({2, 40, 4}, DType::float64, gen);
   const auto rows = [](const Tensor& t, std::int64_t from, std::int64_t to) { return slice(t, 1, from, to); };
+  const auto data = [](const KVCache& c) { return c.key_buffer().value<double>().data(); };
   KVCache cache;
   CHECK(cache.length() == 0);
   CHECK_FALSE(cache.keys().defined());
-  for (std::int64_t t = 0; t < 10; ++t) cache.append(rows(k, t, t + 1), rows(v, t, t + 1));
-  const Tensor buffer = cache.key_buffer();
+  cache.append(rows(k, 0, 3), rows(v, 0, 3));
+  CHECK(cache.capacity_bytes() == cache.bytes());  // a first append takes the room it needs
+  for (std::int64_t t = 3; t < 10; ++t) cache.append(rows(k, t, t + 1), rows(v, t, t + 1));  // then doubles: 6, 12
+  const double* before = data(cache);
   cache.append(rows(k, 10, 12), rows(v, 10, 12));
-  CHECK(cache.key_buffer().value<double>().data() == buffer.value<double>().data());  // room left: in place
+  CHECK(data(cache) == before);  // room left: in place
+  CHECK(cache.capacity_bytes() == cache.bytes());  // 12 of 12 rows
+  cache.append(rows(k, 12, 13), rows(v, 12, 13));  // grows to 24
   const KVCache snapshot = cache;
-  // The two copies go different ways: each keeps what it appended.
-  cache.append(rows(k, 12, 40), rows(v, 12, 40));  // past the room: grows
+  // The two copies go different ways: the cache appends in place, past what the snapshot holds;
+  // the snapshot's own append then cannot write there, and copies.
+  cache.append(rows(k, 13, 14), rows(v, 13, 14));
+  CHECK(data(cache) == data(snapshot));
   KVCache other = snapshot;
   other.append(rows(k, 0, 1) * 0.0 + 7.0, rows(v, 0, 1) * 0.0 - 1.0);
+  CHECK(data(other) != data(cache));
+  cache.append(rows(k, 14, 40), rows(v, 14, 40));
   CHECK(cache.length() == 40);
-  CHECK(snapshot.length() == 12);
-  CHECK(other.length() == 13);
+  CHECK(snapshot.length() == 13);
+  CHECK(other.length() == 14);
   check_close(cache.keys(), k.value<double>(), 0);
   check_close(cache.values(), v.value<double>(), 0);
-  check_close(snapshot.keys(), Array<double>(xt::view(k.value<double>(), xt::all(), xt::range(0, 12), xt::all())), 0);
+  check_close(snapshot.keys(), Array<double>(xt::view(k.value<double>(), xt::all(), xt::range(0, 13), xt::all())), 0);
   const Array<double> mine = other.keys().value<double>();
-  CHECK(xt::all(xt::equal(xt::view(mine, xt::all(), 12, xt::all()), 7.0)));
-  check_close(Tensor(Array<double>(xt::view(mine, xt::all(), xt::range(0, 12), xt::all()))),
-              Array<double>(xt::view(k.value<double>(), xt::all(), xt::range(0, 12), xt::all())), 0);
+  CHECK(xt::all(xt::equal(xt::view(mine, xt::all(), 13, xt::all()), 7.0)));
+  check_close(Tensor(Array<double>(xt::view(mine, xt::all(), xt::range(0, 13), xt::all()))),
+              Array<double>(xt::view(k.value<double>(), xt::all(), xt::range(0, 13), xt::all())), 0);
   CHECK(cache.bytes() == 2 * 40 * (6 + 4) * 8);
+  CHECK(cache.capacity_bytes() == 2 * 48 * (6 + 4) * 8);
   // Keys of another width, or for other sequences, are named.
   CHECK_THROWS_WITH(cache.append(slice(rows(k, 0, 1), 2, 0, 5), rows(v, 0, 1)),
                     Contains("the cache holds keys of shape (B, T, ·) = (2,40,6) and values of width 4 in float64; this "
@@ -373,21 +383,44 @@ TEST_CASE("a KV cache appends in place, and a copy of it is a snapshot the other
   CHECK(cache.bytes() == 0);
 }
 
-TEST_CASE("decoding with weights or hooks, op by op, and without, in the fused kernel, agree and fill the same cache") {
-  auto o = options(8, 4, 2);
-  MultiHeadAttention mha(o);
-  const Tensor x = random_input({2, 5, 8}, 31);
-  const AttentionResult full = mha.forward(x, {.causal = true}, true);
-  KVCache fused, op_by_op;
-  NoGradGuard no_grad;
-  for (std::int64_t t = 0; t < 5; ++t) {
-    const Tensor step = slice(x, 1, t, t + 1);
-    const Tensor a = mha.forward(step, {.causal = true}, false, &fused).output;
-    const AttentionResult b = mha.forward(step, {.causal = true}, true, &op_by_op);
-    check_close(a, b.output.value<double>(), 1e-12);
-    check_close(b.weights, Array<double>(xt::view(full.weights.value<double>(), xt::all(), xt::all(), xt::range(t, t + 1),
-                                                  xt::range(0, t + 1))), 1e-12);
+TEST_CASE("a step with a KV cache and gradients on passes them to its new position's keys and values") {
+  MultiHeadAttention mha(options(8, 2));
+  const Tensor x = random_input({2, 4, 8}, 41);
+  KVCache prefilled;
+  {
+    NoGradGuard no_grad;
+    mha.forward(slice(x, 1, 0, 3), {.causal = true}, false, &prefilled);
   }
-  check_close(fused.keys(), op_by_op.keys().value<double>(), 0);
-  check_close(fused.values(), op_by_op.values().value<double>(), 0);
+  Tensor last = slice(x, 1, 3, 4).detach();
+  last.requires_grad_();
+  check_gradients([&](const std::vector<Tensor>& in) {
+    KVCache cache = prefilled;  // a snapshot: every evaluation starts from the same three positions
+    return mha.forward(in[0], {.causal = true}, false, &cache).output;
+  }, {last});
+}
+
+TEST_CASE("decoding with weights or hooks, op by op, and without, in the fused kernel, agree and fill the same cache") {
+  for (const auto& [qk, proj, kv_heads] : {std::tuple{QK::untied, Projection::learned, 2}, {QK::tied, Projection::learned, 4},
+                                           {QK::symmetric, Projection::learned, 4}, {QK::untied, Projection::identity, 4}}) {
+    INFO("qk " << int(qk) << ", proj " << int(proj));
+    auto o = options(8, 4, std::size_t(kv_heads));
+    o.qk = qk;
+    o.proj = proj;
+    MultiHeadAttention mha(o);
+    const Tensor x = random_input({2, 5, 8}, 31);
+    const AttentionResult full = mha.forward(x, {.causal = true}, true);
+    KVCache fused, op_by_op;
+    NoGradGuard no_grad;
+    for (std::int64_t t = 0; t < 5; ++t) {
+      const Tensor step = slice(x, 1, t, t + 1);
+      const Tensor a = mha.forward(step, {.causal = true}, false, &fused).output;
+      const AttentionResult b = mha.forward(step, {.causal = true}, true, &op_by_op);
+      check_close(a, b.output.value<double>(), 1e-12);
+      check_close(a, Array<double>(xt::view(full.output.value<double>(), xt::all(), xt::range(t, t + 1), xt::all())), 1e-12);
+      check_close(b.weights, Array<double>(xt::view(full.weights.value<double>(), xt::all(), xt::all(), xt::range(t, t + 1),
+                                                    xt::range(0, t + 1))), 1e-12);
+    }
+    check_close(fused.keys(), op_by_op.keys().value<double>(), 0);
+    check_close(fused.values(), op_by_op.values().value<double>(), 0);
+  }
 }

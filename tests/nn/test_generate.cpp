@@ -47,6 +47,25 @@ TEST_CASE("KV cache: one position at a time, or a few, gives forward's logits") 
   CHECK_THROWS_WITH(Transformer(bidirectional, gen).forward_cached(tokens, other), Contains("layer 1 is bidirectional"));
 }
 
+TEST_CASE("KV cache, fused: the decoder's steps read the memory's keys and values in place, and grow its own by a row") {
+  Generator gen(4);
+  const EncoderDecoder model(seq2seq(DType::float64), gen);
+  const IndexArray source{{0, 3, 6, 4, 2, 5}, {4, 1, 0, 1, 3, 3}}, input{{7, 2, 1, 5, 3}, {7, 1, 4, 2, 2}};
+  const MaskArray padding{{true, true, true, true, true, true}, {true, true, true, true, false, false}};
+  const Array<double> full = model.forward(source, input, false, padding).logits.value<double>();
+  NoGradGuard no_grad;  // no hooks, no weights: every attention in the fused kernel
+  DecoderCache cache = model.start(model.encode(source, padding), padding);
+  const double* memory_keys = nullptr;
+  for (std::size_t t = 0; t < 5; ++t) {
+    const Tensor step = model.decode(xt::view(input, xt::all(), xt::range(t, t + 1)), cache);
+    CHECK(xt::allclose(step.value<double>(), xt::view(full, xt::all(), xt::range(t, t + 1)), 1e-12, 1e-12));
+    CHECK(cache.self[0].length() == t + 1);
+    CHECK(cache.cross[0].length() == 6);  // projected at the first step, never again
+    if (t == 0) memory_keys = cache.cross[0].key_buffer().value<double>().data();
+    CHECK(cache.cross[0].key_buffer().value<double>().data() == memory_keys);
+  }
+}
+
 TEST_CASE("KV cache: the decoder one position at a time gives forward's logits, and projects the memory once") {
   Generator gen(2);
   EncoderDecoder model(seq2seq(DType::float64), gen);
