@@ -2,7 +2,8 @@
 """Runs qkv-bench and its PyTorch twin side by side and prints a markdown table.
 
     bench/compare.py [--bench build/qkv-bench] [--threads 2] [--seconds 5] [--rounds 3]
-                     [--configs tiny,small,medium] [--decode-configs small] [--decode-batches 1,16]
+                     [--configs tiny,small,medium,long,longer,wide] [--decode-configs small]
+                     [--decode-batches 1,16]
 
 First the machine's sgemm rate (qkv-bench --peak, the best of 512-2048 square products through
 OpenBLAS); then, per config, `rounds` rounds of qkv and PyTorch, alternating, so that both see
@@ -46,7 +47,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--configs", default="tiny,small,medium")
+    parser.add_argument("--configs", default="tiny,small,medium,long,longer,wide")
     parser.add_argument("--decode-configs", default="small")
     parser.add_argument("--decode-batches", default="1,16")
     args = parser.parse_args()

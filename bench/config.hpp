@@ -18,6 +18,11 @@ inline const std::vector<Config>& configs() {
       {"tiny", 8, 32, 4, 2, 32, 64},
       {"small", 16, 64, 4, 2, 64, 64},
       {"medium", 64, 256, 8, 2, 128, 32},
+      // Long sequences, where attention's T² work dominates: long and longer hold the same 4,096
+      // tokens a batch; wide is a wider, deeper model at medium's length.
+      {"long", 64, 128, 4, 2, 512, 8},
+      {"longer", 64, 128, 4, 2, 1024, 4},
+      {"wide", 64, 512, 8, 4, 128, 16},
   };
   return table;
 }

@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
   double seconds = 10;
   bool peak = false, decode = false, no_cache = false;
   std::size_t batch = 1;
-  app.add_option("--config", config, "tiny, small or medium")->check(CLI::IsMember(bench::config_names()));
+  app.add_option("--config", config, "tiny, small, medium, long, longer or wide")->check(CLI::IsMember(bench::config_names()));
   app.add_flag("--decode", decode, "time greedy generation of 256 tokens instead of training steps");
   app.add_option("--batch", batch, "sequences generated at once (--decode)")->check(CLI::Range(1, 4096));
   app.add_flag("--no-cache", no_cache, "run the whole sequence at every step (--decode)");
