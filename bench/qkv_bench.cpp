@@ -153,7 +153,6 @@ nlohmann::ordered_json run_decode(const bench::Config& c, std::size_t batch, boo
   IndexArray start = IndexArray::from_shape({batch, 1});
   for (auto& t : start) t = std::int64_t(gen.next_u64() % c.V);
   NoGradGuard no_grad;
-  IndexArray written;
   auto generate = [&] {
     IndexArray seq = IndexArray::from_shape({batch, count + 1});
     xt::view(seq, xt::all(), 0) = xt::view(start, xt::all(), 0);
@@ -168,7 +167,6 @@ nlohmann::ordered_json run_decode(const bench::Config& c, std::size_t batch, boo
       const Tensor last = reshape(slice(all, 1, n - 1, n), {std::int64_t(batch), std::int64_t(c.V)});
       xt::view(seq, xt::all(), t + 1) = xt::view(nn::next_tokens(last, {}, gen), xt::all(), 0);
     }
-    written = seq;
   };
   const auto [runs, elapsed] = timed(generate, std::min(1.0, seconds / 4), seconds);
   std::size_t params = 0;

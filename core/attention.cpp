@@ -152,7 +152,6 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L
     }
   });
   if (!record) return Tensor(std::move(out));
-  if (oq.rows || ok.rows || ov.rows) fail(op_name, "inputs with batch entries apart (a KV cache's) are forward only");
   L.allowed = nullptr;  // backward needs no mask: a masked weight is exactly 0, so is its dS
   std::vector<const Tensor*> inputs;
   for (const Tensor& t : in) inputs.push_back(&t);

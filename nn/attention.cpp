@@ -9,6 +9,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/detail/attention.hpp"
+#include "qkv/core/detail/op.hpp"
 #include "qkv/core/ops.hpp"
 
 namespace qkv::nn {
@@ -164,7 +165,7 @@ void KVCache::append(const Tensor& k, const Tensor& v) {
            bk.size(0), length_, bk.size(2), buffers_->values.size(2), dtype_name(bk.dtype()), B, n, k_width, v_width,
            dtype_name(k.dtype()));
   }
-  const auto typed = [&](auto tag) {
+  detail::dispatch(k.dtype(), [&](auto tag) {
     using T = decltype(tag);
     // In place when this copy wrote last and there is room; otherwise new buffers holding this
     // copy's positions: as many rows as needed at first (a prompt, or a memory that never grows),
@@ -196,9 +197,7 @@ void KVCache::append(const Tensor& k, const Tensor& v) {
         std::copy_n(sk + (b * n + t) * k_width, k_width, dk + (b * capacity + length_ + t) * k_width);
         std::copy_n(sv + (b * n + t) * v_width, v_width, dv + (b * capacity + length_ + t) * v_width);
       }
-  };
-  if (k.dtype() == DType::float32) typed(float());
-  else typed(double());
+  });
   buffers_->used = length_ = need;
 }
 

@@ -49,21 +49,6 @@ std::vector<std::int64_t> typical_source(const Seq2SeqTask& task) {
 
 namespace {
 
-IndexArray row_of(const std::vector<std::int64_t>& tokens) {
-  IndexArray r = IndexArray::from_shape({1, tokens.size()});
-  std::copy(tokens.begin(), tokens.end(), r.begin());
-  return r;
-}
-
-// Attention weights of head h, NaN where the scores mask a key.
-Array<double> masked_weights(const nn::AttentionResult& r, std::size_t h) {
-  Array<double> w = head_matrix(r.weights, h);
-  const Array<double> s = head_matrix(r.scores, h);
-  for (std::size_t i = 0; i < w.size(); ++i)
-    if (!std::isfinite(s.data()[i])) w.data()[i] = NAN;
-  return w;
-}
-
 // Over `n` held-out sources, teacher forced, in batches of 64: each head's alignment score and
 // share of output tokens whose most weighted position is aligned ([layer][head]), and each layer's
 // share that some head's is.
@@ -149,9 +134,7 @@ std::vector<std::pair<std::string, Heatmap>> pictures(const AlignmentInspection&
                                  "query", "key", true});
   };
   self("encoder", in.encoder_attention, in.source_names);
-  std::vector<std::string> decoder_inputs = {"BOS"};  // the decoder reads the start token, then the output
-  decoder_inputs.insert(decoder_inputs.end(), in.output_names.begin(), in.output_names.end() - 1);
-  self("decoder", in.decoder_attention, decoder_inputs);
+  self("decoder", in.decoder_attention, in.decoder_input_names);
   return out;
 }
 
@@ -188,7 +171,7 @@ AlignmentInspection inspect_alignment(const nn::EncoderDecoder& model, const Seq
   for (std::int64_t t : source) r.source_names.push_back(task.source_token_name(t));
   // What greedy decoding writes, up to its end token.
   Generator unused(0);
-  const IndexArray written = nn::generate(model, row_of(source), sides.start, c.max_tgt_len, {}, unused);
+  const IndexArray written = nn::generate(model, one_row(source), sides.start, c.max_tgt_len, {}, unused);
   std::vector<std::int64_t> own;
   for (std::int64_t t : written) {
     if (t == sides.end || own.size() + 1 >= c.max_tgt_len) break;
@@ -202,12 +185,14 @@ AlignmentInspection inspect_alignment(const nn::EncoderDecoder& model, const Seq
   } else {
     r.output = own;  // the model's own output: no true alignment to score
   }
+  r.decoder_input_names.push_back(task.token_name(sides.start));
   for (std::int64_t t : r.output) r.output_names.push_back(task.token_name(t));
+  r.decoder_input_names.insert(r.decoder_input_names.end(), r.output_names.begin(), r.output_names.end());
   r.output_names.push_back(task.token_name(sides.end));
 
   std::vector<std::int64_t> decoder_input = {sides.start};
   decoder_input.insert(decoder_input.end(), r.output.begin(), r.output.end());
-  const nn::EncoderDecoderOutput f = model.forward(row_of(source), row_of(decoder_input), true);
+  const nn::EncoderDecoderOutput f = model.forward(one_row(source), one_row(decoder_input), true);
   r.held_out_sequences = held_out;
   const HeldOut scores = held_out_scores(model, task, held_out, seed);
   r.any_head_top1 = scores.any_top1;
@@ -225,7 +210,8 @@ AlignmentInspection inspect_alignment(const nn::EncoderDecoder& model, const Seq
     std::vector<std::vector<Array<double>>> out;
     for (const nn::AttentionResult& a : results) {
       out.emplace_back();
-      for (std::size_t h = 0; h < c.heads; ++h) out.back().push_back(masked_weights(a, h));
+      for (std::size_t h = 0; h < c.heads; ++h)
+        out.back().push_back(masked_weights(head_matrix(a.weights, h), head_matrix(a.scores, h)));
     }
     return out;
   };

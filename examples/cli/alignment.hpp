@@ -45,6 +45,7 @@ struct AlignmentInspection {
   // own), named, then "EOS"; and what greedy decoding writes.
   std::vector<std::int64_t> output;
   std::vector<std::string> output_names;
+  std::vector<std::string> decoder_input_names;  // what the decoder reads: the start token, then the output
   std::string written, expected;  // as text; expected "" when the task has no example of the input
   std::vector<std::vector<std::size_t>> alignment;  // the true one on the input (empty: none)
   std::size_t held_out_sequences = 0;

@@ -24,6 +24,13 @@ Array<double> head_matrix(const Tensor& t, std::size_t h) {
   return xt::view(all, 0, h);
 }
 
+Array<double> masked_weights(const Array<double>& weights, const Array<double>& scores) {
+  Array<double> w = weights;
+  for (std::size_t i = 0; i < w.size(); ++i)
+    if (!std::isfinite(scores.data()[i])) w.data()[i] = NAN;
+  return w;
+}
+
 nlohmann::json matrix_json(const Array<double>& a) {
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < a.shape()[0]; ++i) {
@@ -140,10 +147,8 @@ std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, cons
   const std::size_t d_model = h.qk.shape()[0];
   // Masked cells drawn as such: where the score is −inf, and, for a causal model, the
   // positions after the query's.
-  Array<double> attention = h.attention, positions = h.position_qk;
-  for (std::size_t i = 0; i < attention.shape()[0]; ++i)
-    for (std::size_t j = 0; j < attention.shape()[1]; ++j)
-      if (!std::isfinite(h.scores(i, j))) attention(i, j) = NAN;
+  const Array<double> attention = masked_weights(h.attention, h.scores);
+  Array<double> positions = h.position_qk;
   if (nn::layer_is_causal(in.config, h.layer))
     for (std::size_t i = 0; i < positions.shape()[0]; ++i)
       for (std::size_t j = i + 1; j < positions.shape()[1]; ++j) positions(i, j) = NAN;
@@ -210,12 +215,6 @@ std::vector<std::int64_t> typical_input(const Task& task) {
 }
 
 namespace {
-
-IndexArray one_row(const std::vector<std::int64_t>& input) {
-  IndexArray tokens = IndexArray::from_shape({1, input.size()});
-  std::copy(input.begin(), input.end(), tokens.begin());
-  return tokens;
-}
 
 // From a forward with need_weights: each layer's scores, −inf where its mask hides a key (so the
 // pairs each query sees are those; a NaN of a diverged model stays in, and gives none).

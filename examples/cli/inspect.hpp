@@ -85,6 +85,8 @@ struct Inspection {
 
 // Head h's matrix of a (1, H, ·, ·) tensor (attention weights or scores), in float64.
 Array<double> head_matrix(const Tensor& t, std::size_t h);
+// Attention weights as the pictures draw them: NaN where the scores (−inf) mask a key.
+Array<double> masked_weights(const Array<double>& weights, const Array<double>& scores);
 // A matrix as rows of numbers, null where not finite (masked).
 nlohmann::json matrix_json(const Array<double>& a);
 // A self-contained HTML page's beginning, up to and with <body>: its title and style.

@@ -184,12 +184,6 @@ std::vector<std::int64_t> input_tokens(const Task& task, const std::string& text
   return input;
 }
 
-qkv::IndexArray row(const std::vector<std::int64_t>& tokens) {
-  qkv::IndexArray r = qkv::IndexArray::from_shape({1, tokens.size()});
-  std::copy(tokens.begin(), tokens.end(), r.begin());
-  return r;
-}
-
 // A seq2seq run's output for the source --input, up to its end token.
 int run_generate_seq2seq(const GenerateArgs& a, const Seq2SeqTask& task) {
   const auto model = load_encoder_decoder(a.dir);
@@ -198,7 +192,7 @@ int run_generate_seq2seq(const GenerateArgs& a, const Seq2SeqTask& task) {
   const std::size_t count = a.tokens ? std::size_t(*a.tokens) : c.max_tgt_len;
   if (count > c.max_tgt_len) usage("--tokens", "{} pass the decoder's {} positions", count, c.max_tgt_len);
   qkv::Generator gen(a.seed);
-  const qkv::IndexArray out = qkv::nn::generate(*model, row(source), task.sides().start, count, sampling(a), gen, !a.no_cache);
+  const qkv::IndexArray out = qkv::nn::generate(*model, one_row(source), task.sides().start, count, sampling(a), gen, !a.no_cache);
   fmt::print("{}\n", task.decode(std::vector<std::int64_t>(out.begin(), out.end())));
   return 0;
 }
@@ -226,7 +220,7 @@ int run_generate(const GenerateArgs& a) {
     usage("--tokens", "{} after {} input tokens pass the model's {} positions", count, input.size(), c.max_len);
   const qkv::nn::Sampling s = sampling(a);
   qkv::Generator gen(a.seed);
-  const qkv::IndexArray out = qkv::nn::generate(*model, row(input), count, s, gen, !a.no_cache);
+  const qkv::IndexArray out = qkv::nn::generate(*model, one_row(input), count, s, gen, !a.no_cache);
   fmt::print("{}\n", task->decode(std::vector<std::int64_t>(out.begin(), out.end())));
   return 0;
 }

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <ostream>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -103,24 +103,33 @@ nn::EncoderDecoderConfig encoder_decoder_config(const TrainOptions& o) {
           .dtype = m.dtype};
 }
 
+namespace {
+
+// The options' fields that an encoder-decoder's config.json names its own way; the others are
+// "model." and the EncoderDecoderConfig field's name alike ("model.heads").
+constexpr std::pair<std::string_view, std::string_view> encoder_decoder_fields[] = {
+    {"model.vocab_size", "model.tgt_vocab"},   {"model.n_classes", "model.tgt_vocab"},
+    {"model.max_len", "model.max_tgt_len"},    {"model.layers", "model.decoder_layers"},
+    {"max_source_len", "model.max_src_len"},   {"encoder_layers", "model.encoder_layers"}};
+
+// The options' field of an EncoderDecoderConfig field ("decoder_layers" is "model.layers").
+std::string options_field(const std::string& field) {
+  const std::string named = "model." + field;
+  for (const auto& [option, config] : encoder_decoder_fields)
+    if (config == named) return std::string(option);
+  return named;
+}
+
+}  // namespace
+
 std::string config_field(const TrainOptions& o, const std::string& field) {
-  if (!o.encoder_layers) return field;
-  static const std::map<std::string, std::string> names = {
-      {"model.vocab_size", "model.tgt_vocab"}, {"model.n_classes", "model.tgt_vocab"},
-      {"model.max_len", "model.max_tgt_len"}, {"model.layers", "model.decoder_layers"},
-      {"max_source_len", "model.max_src_len"}, {"encoder_layers", "model.encoder_layers"}};
-  const auto it = names.find(field);
-  return it == names.end() ? field : it->second;
+  if (o.encoder_layers)
+    for (const auto& [option, config] : encoder_decoder_fields)
+      if (option == field) return std::string(config);
+  return field;
 }
 
 namespace {
-
-// The options' field of an EncoderDecoderConfig field.
-std::string options_field(const std::string& field) {
-  if (field == "encoder_layers") return "encoder_layers";
-  if (field == "max_src_len") return "max_source_len";
-  return "model." + (field == "decoder_layers" ? "layers" : field == "max_tgt_len" ? "max_len" : field);
-}
 
 // The options of a seq2seq task: an encoder-decoder has no GQA, unscaled scores, frozen
 // embeddings or other masks than its own.
@@ -302,9 +311,9 @@ TrainOptions default_options(const std::string& task_name, std::size_t n) {
 
 namespace {
 
-// The options of a run folder whose model is (`seq2seq`) or is not an encoder-decoder, once its
-// memory is checked.
-TrainOptions checked_run(const std::string& dir, bool seq2seq) {
+// Checks that the run folder's model is (`seq2seq`) or is not an encoder-decoder, and that it fits
+// in memory.
+void check_run(const std::string& dir, bool seq2seq) {
   const TrainOptions o = read_config(dir);
   if ((o.encoder_layers > 0) != seq2seq)
     throw std::runtime_error(fmt::format("{}: a {} run, whose model is {}", dir, o.task,
@@ -315,19 +324,18 @@ TrainOptions checked_run(const std::string& dir, bool seq2seq) {
   } catch (const OptionError& e) {
     throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", dir, config_field(o, e.field), e.what()));
   }
-  return o;
 }
 
 }  // namespace
 
 // The program's checks passed: the library's loaders do the rest.
 std::unique_ptr<nn::Transformer> load_model(const std::string& dir) {
-  checked_run(dir, false);
+  check_run(dir, false);
   return nn::load_transformer(dir);
 }
 
 std::unique_ptr<nn::EncoderDecoder> load_encoder_decoder(const std::string& dir) {
-  checked_run(dir, true);
+  check_run(dir, true);
   return nn::load_encoder_decoder(dir);
 }
 
@@ -378,20 +386,20 @@ MaskArray source_padding(const Task& task, const IndexArray& source) {
 
 namespace {
 
-// A training step's forward: the loss of a batch and the predictions at each position.
+// A forward on a batch: the predictions at each position and, for a training step, the loss.
 struct Forward {
-  Tensor loss;
+  Tensor loss;  // undefined unless asked for
   IndexArray predictions;
 };
 
-Forward forward(const nn::Transformer& model, const Task& task, const Batch& b, bool mask_padding) {
+Forward forward(const nn::Transformer& model, const Task& task, const Batch& b, bool mask_padding, bool loss) {
   const nn::TransformerOutput f = model.forward(b.tokens, false, key_padding(model, task, b.tokens, mask_padding));
-  return {model.loss(f, b.targets), nn::Transformer::predictions(f.logits)};
+  return {loss ? model.loss(f, b.targets) : Tensor(), nn::Transformer::predictions(f.logits)};
 }
 
-Forward forward(const nn::EncoderDecoder& model, const Task& task, const Batch& b, bool) {
+Forward forward(const nn::EncoderDecoder& model, const Task& task, const Batch& b, bool, bool loss) {
   const nn::EncoderDecoderOutput f = model.forward(b.source, b.tokens, false, source_padding(task, b.source));
-  return {model.loss(f, b.targets), nn::Transformer::predictions(f.logits)};
+  return {loss ? model.loss(f, b.targets) : Tensor(), nn::Transformer::predictions(f.logits)};
 }
 
 template <class Model>
@@ -402,7 +410,7 @@ Metrics evaluate_model(const Model& model, const Task& task, std::size_t batches
   MetricsSum total;
   for (std::size_t i = 0; i < batches; ++i) {
     const Batch b = task.sample(batch_size, gen);
-    total.add(score(forward(model, task, b, mask_padding).predictions, b));
+    total.add(score(forward(model, task, b, mask_padding, false).predictions, b));
   }
   return total.result();
 }
@@ -425,7 +433,7 @@ Metrics evaluate_generation(const nn::EncoderDecoder& model, const Seq2SeqTask& 
   Generator gen = held_out_generator(seed), unused(0);  // greedy decoding draws nothing
   MetricsSum total;
   for (std::size_t i = 0; i < batches; ++i) {
-    Batch b = task.sample(batch_size, gen);
+    const Batch b = task.sample(batch_size, gen);
     const IndexArray written = nn::generate(model, b.source, task.sides().start, b.targets.shape()[1], {}, unused, true,
                                             source_padding(task, b.source));
     total.add(score(written, b));
@@ -530,7 +538,7 @@ std::vector<bool> updated_parameters(const Model& model, const Task& task) {
   Generator probe(1);
   const Batch b = task.sample(1, probe);
   const std::vector<Tensor> params = model.parameters();
-  forward(model, task, b, true).loss.backward();
+  forward(model, task, b, true, true).loss.backward();
   std::vector<bool> updated;
   for (Tensor p : params) {
     updated.push_back(p.requires_grad() && p.grad().defined());
@@ -618,7 +626,7 @@ TrainResult run(Model& model, const TrainOptions& options, const TrainOptions& o
     const Batch b = task.sample(o.batch, gen);
     schedule.apply(opt, step);
     opt.zero_grad();
-    const Forward f = forward(model, task, b, o.mask_padding);
+    const Forward f = forward(model, task, b, o.mask_padding, true);
     f.loss.backward();
     optim::clip_grad_norm(model.parameters(), o.clip);
     opt.step();

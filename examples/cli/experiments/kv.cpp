@@ -10,9 +10,7 @@ namespace {
 // Bytes the KV caches of all layers hold per token of one sequence, measured on a real cache.
 std::size_t kv_cache_bytes_per_token(const nn::Transformer& m, const std::vector<std::int64_t>& input) {
   NoGradGuard no_grad;
-  IndexArray tokens = IndexArray::from_shape({1, input.size()});
-  std::copy(input.begin(), input.end(), tokens.begin());
-  const nn::TransformerOutput f = m.forward(tokens);
+  const nn::TransformerOutput f = m.forward(one_row(input));
   std::size_t bytes = 0;
   for (std::size_t l = 0; l < m.blocks.size(); ++l) {
     nn::KVCache cache;

@@ -18,9 +18,7 @@ void init_attention_stats(nlohmann::ordered_json& run, nn::Transformer& m, const
   {
     NoGradGuard no_grad;
     for (const auto& input : inputs) {
-      IndexArray tokens = IndexArray::from_shape({1, input.size()});
-      std::copy(input.begin(), input.end(), tokens.begin());
-      for (const auto& r : m.forward(tokens, true).attention) {
+      for (const auto& r : m.forward(one_row(input), true).attention) {
         const Array<double> w = r.weights.to(DType::float64).value<double>();  // (1, H, T, T)
         const std::size_t H = w.shape()[1], T = w.shape()[2];
         for (std::size_t h = 0; h < H; ++h)

@@ -2,7 +2,6 @@
 #include <numeric>
 
 #include "examples/cli/tasks/tasks.hpp"
-#include "examples/cli/train.hpp"
 
 namespace qkv::cli {
 
@@ -75,21 +74,6 @@ std::string NumbersTask::token_name(std::int64_t token) const {
 
 std::string NumbersTask::source_token_name(std::int64_t token) const {
   return token == info_.seq2seq->source_pad ? "pad" : std::to_string(token);
-}
-
-TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> make, std::size_t encoder_layers,
-                      std::size_t steps) {
-  return {.name = std::move(name),
-          .make = [make = std::move(make)](std::size_t) { return make(); },
-          .defaults =
-              [=](TrainOptions& o) {
-                o.encoder_layers = encoder_layers;
-                o.model.layers = 1;
-                o.model.heads = 2;
-                o.model.d_model = 64;
-                o.steps = steps;
-              },
-          .target = 0.99};
 }
 
 }  // namespace qkv::cli

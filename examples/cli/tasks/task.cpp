@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "examples/cli/registry.hpp"
+#include "examples/cli/train.hpp"
 
 
 namespace qkv::cli {
@@ -13,6 +14,12 @@ IndexArray filled(std::size_t rows, std::size_t cols, std::int64_t value) {
   IndexArray a = IndexArray::from_shape({rows, cols});
   a.fill(value);
   return a;
+}
+
+IndexArray one_row(const std::vector<std::int64_t>& tokens) {
+  IndexArray row = IndexArray::from_shape({1, tokens.size()});
+  std::copy(tokens.begin(), tokens.end(), row.begin());
+  return row;
 }
 
 std::string numbers_text(const std::vector<std::int64_t>& tokens) {
@@ -105,6 +112,21 @@ Batch Seq2SeqTask::batch(const std::vector<Seq2SeqExample>& examples) const {
     batch.targets(b, e.output.size()) = s.end;
   }
   return batch;
+}
+
+TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> make, std::size_t encoder_layers,
+                      std::size_t steps) {
+  return {.name = std::move(name),
+          .make = [make = std::move(make)](std::size_t) { return make(); },
+          .defaults =
+              [=](TrainOptions& o) {
+                o.encoder_layers = encoder_layers;
+                o.model.layers = 1;
+                o.model.heads = 2;
+                o.model.d_model = 64;
+                o.steps = steps;
+              },
+          .target = 0.99};
 }
 
 const Seq2SeqTask* as_seq2seq(const Task& task) { return dynamic_cast<const Seq2SeqTask*>(&task); }

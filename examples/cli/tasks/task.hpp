@@ -65,6 +65,8 @@ struct Metrics {
 
 // A (rows, cols) array of one value.
 IndexArray filled(std::size_t rows, std::size_t cols, std::int64_t value);
+// One sequence of tokens as a batch of one, (1, T).
+IndexArray one_row(const std::vector<std::int64_t>& tokens);
 
 // Tokens that are numbers 0 … n − 1, as text "3 17 5", and back; `task` names the task in the
 // error for a word that is not such a number.
@@ -114,6 +116,7 @@ struct Seq2SeqExample {
 // (encode) and the output's (decode); token_name names output tokens, source_token_name source ones.
 class Seq2SeqTask : public Task {
  public:
+  const TaskInfo& info() const final { return info_; }
   // batch_size examples drawn at random.
   Batch sample(std::size_t batch_size, Generator& gen) const override;
   // The batch of these examples: sources padded with source_pad, the decoder's input (start, the
@@ -123,7 +126,10 @@ class Seq2SeqTask : public Task {
   // The example of a source; none when the task would never draw it (a word out of the grammar).
   virtual std::optional<Seq2SeqExample> example(const std::vector<std::int64_t>& source) const = 0;
   virtual std::string source_token_name(std::int64_t token) const = 0;
-  const Seq2SeqInfo& sides() const { return *info().seq2seq; }
+  const Seq2SeqInfo& sides() const { return *info_.seq2seq; }
+
+ protected:
+  TaskInfo info_;  // with its seq2seq sides, set by the task's constructor
 };
 
 // The task as a Seq2SeqTask; nullptr for a task of one sequence.
@@ -180,6 +186,11 @@ struct TaskSpec {
   // For `qkv ablate`'s activation patching; none: the task has no corrupted input.
   std::optional<Corruption> corruption{};
 };
+
+// The TaskSpec of a seq2seq task: an encoder of `encoder_layers` and a decoder of one layer, 2 heads,
+// d_model 64, trained `steps` steps; each reaches 99% exact match on held-out sources.
+TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> make, std::size_t encoder_layers,
+                      std::size_t steps);
 
 // Every registered task, in the order `qkv tasks` lists them.
 const std::vector<TaskSpec>& task_registry();

@@ -121,7 +121,6 @@ class NumbersTask : public Seq2SeqTask {
  public:
   enum class Order { reversed, sorted };
   NumbersTask(Order order, std::size_t values, std::size_t min_len, std::size_t max_len);
-  const TaskInfo& info() const override { return info_; }
   Seq2SeqExample draw(Generator& gen) const override;
   std::optional<Seq2SeqExample> example(const std::vector<std::int64_t>& source) const override;
   std::string decode(const std::vector<std::int64_t>& tokens) const override;
@@ -132,13 +131,7 @@ class NumbersTask : public Seq2SeqTask {
  private:
   Order order_;
   std::size_t values_, min_len_, max_len_;
-  TaskInfo info_;
 };
-
-// The TaskSpec of a seq2seq task: an encoder of `encoder_layers` and a decoder of one layer, 2 heads,
-// d_model 64, trained `steps` steps; each reaches 99% exact match on held-out sources.
-TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> make, std::size_t encoder_layers,
-                      std::size_t steps);
 
 // translate: an English-like sentence, subject verb object ("big cat chases mouse", each noun with
 // an optional adjective), into a Japanese-like one with the verb last, subject object verb
@@ -147,16 +140,12 @@ TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> m
 class TranslateTask : public Seq2SeqTask {
  public:
   TranslateTask();
-  const TaskInfo& info() const override { return info_; }
   Seq2SeqExample draw(Generator& gen) const override;
   std::optional<Seq2SeqExample> example(const std::vector<std::int64_t>& source) const override;
   std::string decode(const std::vector<std::int64_t>& tokens) const override;
   std::vector<std::int64_t> encode(const std::string& text) const override;
   std::string token_name(std::int64_t token) const override;
   std::string source_token_name(std::int64_t token) const override;
-
- private:
-  TaskInfo info_;
 };
 
 }  // namespace qkv::cli
