@@ -45,7 +45,8 @@ inline constexpr std::size_t decode_tokens = 256;
 
 // Floating-point operations of the step's matrix products, counting a multiply-add as 2: per layer
 // the fused QKV projection (N·D·3D), the scores Q Kᵀ and the weighted values P V (B·T·T·D each,
-// over all heads, masked entries included, as both implementations compute them), the output
+// over all heads, masked entries included: PyTorch computes them, qkv skips the tiles above the
+// causal diagonal, and both are counted as the dense product), the output
 // projection (N·D·D); then the head (N·D·V); N = B·T. Backward computes two products of the same
 // size for each (the input's gradient and the weight's), so the step is 3 × forward. Elementwise
 // work (softmax, cross-entropy, Adam: a few operations per element) is left out.

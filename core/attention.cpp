@@ -1,14 +1,20 @@
-// scaled_dot_product_attention: every head of a batch at once, heads packed in the last dimension.
-// Per batch entry b and head h, with Q, K, V the head's (rows × d) slices read in place:
-//   Sᵀ = K Qᵀ,  Pᵀ = softmax of scale · Sᵀ down each query's column of visible keys,  O = P V.
-// Backward, from dO:
-//   dV = Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = scale · Pᵀ ⊙ (dPᵀ − colsum(Pᵀ ⊙ dPᵀ)),  dQ = dS K,  dK = dSᵀ Q.
-// Scores are transposed so that the softmax runs 16 queries side by side (core/kernels.cpp). The
-// per-head products are small (a few thousand to a million multiply-adds) and run as kernels
-// libxsmm generated for their sizes (detail::SmallGemm); Qᵀ and dOᵀ are copied per head so that
-// every product is of the kinds it generates. It keeps Pᵀ for backward and nothing else. Work is
-// split across threads by (b, kv head); the G = H / Hkv query heads that share a kv head run in
-// order on one thread, since their dK and dV add up.
+// scaled_dot_product_attention: every head of a batch at once, heads packed in the last dimension,
+// in tiles as FlashAttention computes it (Dao et al. 2022; the work split of Dao 2023). Per batch
+// entry b and head h, with Q, K, V the head's (rows × d) slices read in place, a block of queries
+// meets the blocks of keys one after another:
+//   Sᵀ = K_j Q_iᵀ, then an online softmax down each query's column (its running maximum m and
+//   total l; what came before is rescaled by e^(m_old − m)), O_i += P V_j; at the end O_i /= l,
+//   and the log-sum-exp m + log l is all that is kept for backward besides O.
+// Backward, from dO: D = rowsum(dO ⊙ O); per block of keys, per block of queries that see it,
+//   Pᵀ = e^(scale · Sᵀ − lse) again, dV_j += Pᵀ dO_i, dPᵀ = V_j dO_iᵀ, dSᵀ = scale · Pᵀ ⊙ (dPᵀ − D),
+//   dQ_i += dS K_j, dK_j += dSᵀ Q_i.
+// Memory is linear in the length: no Tq × Tk matrix exists beyond one tile. Under a causal mask
+// the tiles above the diagonal are skipped. Scores are transposed (one row per key, one column per
+// query) so that the softmax runs 16 queries side by side (core/kernels.cpp); the products of a
+// tile are kernels libxsmm generated for its sizes (detail::SmallGemm), and Qᵀ and dOᵀ are copied
+// per head so that every product is of the kinds it generates. Work is split across threads by
+// (b, kv head); the G = H / Hkv query heads that share a kv head run in order on one thread, since
+// their dK and dV add up. A single query outside autograd (decoding) has its scores as one row.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -41,56 +47,17 @@ struct Layout {
   }
 };
 
-// Scores are kept transposed, Sᵀ with one row per key and one column per query, so that the
-// softmax over a query's keys runs down a column, 16 queries side by side. Rows are padded to
-// whole blocks of 16 columns.
+// Scores are kept transposed, Sᵀ with one row per key and one column per query, in tiles of
+// block × block: 16 KB of float32 scores, in L1 with the tile's queries, keys and values in L2.
+// Square tiles put the causal diagonal on tiles' diagonals when Tq = Tk.
+constexpr std::size_t block = 64;
+
 std::size_t padded(std::size_t n) { return (n + detail::softmax_lanes - 1) / detail::softmax_lanes * detail::softmax_lanes; }
 
-// The causal limits of queries [i0, i0 + 16); 0 for the padding past Tq.
-void limits_of(const Layout& L, std::size_t i0, std::int32_t* limits) {
-  for (std::size_t c = 0; c < detail::softmax_lanes; ++c)
-    limits[c] = i0 + c < L.Tq ? std::int32_t(L.limit(i0 + c)) : 0;
-}
-
-// Raw scores Sᵀ = K Qᵀ (Tk rows of ld) become weights Pᵀ in place: each query's column the
-// softmax of scale · its scores over the keys it may see, exactly zero elsewhere, and all zero
-// when it sees nothing. An arbitrary mask makes its hidden scores −inf first (scaled before, so
-// that no scale multiplies an infinity).
-template <class T>
-void softmax_columns(T* S, std::size_t ld, const Layout& L, std::size_t b, std::size_t h, T scale) {
-  if (ld == 1) {  // one query, unpadded: its scores are one contiguous vector
-    if (L.allowed) {
-      const bool* ok = L.allowed_row(b, h, 0);
-      for (std::size_t j = 0; j < L.limit(0); ++j) S[j] = ok[j] ? S[j] * scale : -std::numeric_limits<T>::infinity();
-      scale = 1;
-    }
-    return detail::softmax_row(S, L.Tk, L.limit(0), scale);
-  }
-  if (L.allowed) {
-    for (std::size_t i = 0; i < L.Tq; ++i) {
-      const bool* ok = L.allowed_row(b, h, i);
-      for (std::size_t j = 0; j < L.limit(i); ++j)
-        S[j * ld + i] = ok[j] ? S[j * ld + i] * scale : -std::numeric_limits<T>::infinity();
-    }
-    scale = 1;
-  }
-  std::int32_t limits[detail::softmax_lanes];
-  for (std::size_t i0 = 0; i0 < L.Tq; i0 += detail::softmax_lanes) {
-    limits_of(L, i0, limits);
-    detail::softmax_columns(S + i0, ld, L.Tk, limits, scale);
-  }
-}
-
-// dSᵀ = scale · Pᵀ ⊙ (dPᵀ − colsum(Pᵀ ⊙ dPᵀ)) in place of dPᵀ, over each query's keys up to the
-// causal limit; zero beyond it. Masked keys have P = 0, so their dS is 0.
-template <class T>
-void softmax_backward_columns(const T* P, T* dS, std::size_t ld, const Layout& L, T scale) {
-  std::int32_t limits[detail::softmax_lanes];
-  for (std::size_t i0 = 0; i0 < L.Tq; i0 += detail::softmax_lanes) {
-    limits_of(L, i0, limits);
-    detail::softmax_backward_columns(P + i0, dS + i0, ld, L.Tk, limits, scale);
-  }
-}
+// Whether backward keeps the weights rather than computing them again: when there are no more keys
+// than one tile holds, so that they take at most `block` numbers per query, as O takes d_v. All the
+// queries of a head then form one tile.
+bool keeps_weights(const Layout& L) { return L.Tk <= block; }
 
 // Per-thread scratch, reused across calls.
 template <class T>
@@ -117,85 +84,284 @@ struct Operand {
   std::size_t tensor, ld, col, rows = 0;
 };
 
+// The heads of q, k and v, in place: where each head starts and the step between batch entries.
+// Gradients are laid out as their inputs.
 template <class T>
-Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L, T scale) {
+struct Heads {
+  const T *Q, *K, *V;
+  std::size_t bq, bk, bv;  // elements between batch entries
+  Heads(const std::vector<Tensor>& in, const Operand (&op)[3], const Layout& L)
+      : Q(in[op[0].tensor].value<T>().data() + op[0].col),
+        K(in[op[1].tensor].value<T>().data() + op[1].col),
+        V(in[op[2].tensor].value<T>().data() + op[2].col),
+        bq((op[0].rows ? op[0].rows : L.Tq) * op[0].ld),
+        bk((op[1].rows ? op[1].rows : L.Tk) * op[1].ld),
+        bv((op[2].rows ? op[2].rows : L.Tk) * op[2].ld) {}
+  std::size_t q(std::size_t b, std::size_t h, const Layout& L) const { return b * bq + h * L.dh; }
+  std::size_t k(std::size_t b, std::size_t kv, const Layout& L) const { return b * bk + kv * L.dh; }
+  std::size_t v(std::size_t b, std::size_t kv, const Layout& L) const { return b * bv + kv * L.dv; }
+};
+
+// The products of one tile shape, nk keys × nq queries; Sᵀ and dPᵀ have rows of ld. Of each pair,
+// the first sets and the second adds.
+template <class T>
+struct TileProducts {
   using Product = detail::SmallGemm<T>;
+  Product scores, mix_set, mix_add, dv_set, dv_add, dp, dq_set, dq_add, dk_set, dk_add;
+  TileProducts(const Layout& L, const Operand (&op)[3], std::size_t nk, std::size_t nq, std::size_t ld)
+      : scores(false, nk, nq, L.dh, op[1].ld, L.Tq, ld, false),  // Sᵀ = K_j · (Qᵀ)_i
+        mix_set(true, nq, L.dv, nk, ld, op[2].ld, L.H * L.dv, false),  // O_i = (Pᵀ)ᵀ V_j
+        mix_add(true, nq, L.dv, nk, ld, op[2].ld, L.H * L.dv, true),
+        dv_set(false, nk, L.dv, nq, ld, L.H * L.dv, op[2].ld, false),  // dV_j = Pᵀ dO_i
+        dv_add(false, nk, L.dv, nq, ld, L.H * L.dv, op[2].ld, true),
+        dp(false, nk, nq, L.dv, op[2].ld, L.Tq, ld, false),  // dPᵀ = V_j · (dOᵀ)_i
+        dq_set(true, nq, L.dh, nk, ld, op[1].ld, op[0].ld, false),  // dQ_i = (dSᵀ)ᵀ K_j
+        dq_add(true, nq, L.dh, nk, ld, op[1].ld, op[0].ld, true),
+        dk_set(false, nk, L.dh, nq, ld, op[0].ld, op[1].ld, false),  // dK_j = dSᵀ Q_i
+        dk_add(false, nk, L.dh, nq, ld, op[0].ld, op[1].ld, true) {}
+};
+
+// The tiles of one call: full ones of bk × bq, and those cut short at the ends of the sequences.
+template <class T>
+class Tiles {
+ public:
+  Tiles(const Layout& L, const Operand (&op)[3])
+      : bq(keeps_weights(L) ? std::max<std::size_t>(L.Tq, 1) : block), bk(std::min(block, std::max<std::size_t>(L.Tk, 1))),
+        ld(padded(bq)) {
+    for (const std::size_t nk : {bk, L.Tk % bk ? L.Tk % bk : bk})
+      for (const std::size_t nq : {bq, L.Tq % bq ? L.Tq % bq : bq}) shapes_.emplace_back(L, op, nk, nq, ld);
+  }
+  const TileProducts<T>& operator()(std::size_t nk, std::size_t nq) const {
+    return shapes_[(nk != bk ? 2 : 0) + (nq != bq ? 1 : 0)];
+  }
+  const std::size_t bq, bk, ld;
+
+ private:
+  std::vector<TileProducts<T>> shapes_;
+};
+
+// What forward leaves for backward besides O: the weights Pᵀ, one (Tk × ld) tile per head, when
+// it keeps them; otherwise each query's maximum scaled score (0 when it sees nothing) and the
+// inverse of its total, (B, H, Tq) each.
+template <class T>
+struct Saved {
+  Array<T> weights, shift, inverse;  // Arrays, since a vector would spend time zeroing them
+};
+
+// The tile of keys [j0, j0 + nk) against queries [i0, i0 + nq): each column's visible keys
+// within the tile, 16 columns from c0 (0 past the queries).
+void tile_limits(const Layout& L, std::size_t i0, std::size_t nq, std::size_t c0, std::size_t j0, std::size_t nk,
+                 std::int32_t* limits) {
+  for (std::size_t c = 0; c < detail::softmax_lanes; ++c) {
+    const std::size_t end = c0 + c < nq ? L.limit(i0 + c0 + c) : 0;
+    limits[c] = std::int32_t(end > j0 ? std::min(end - j0, nk) : 0);
+  }
+}
+
+// With an arbitrary mask, a tile's hidden scores become −inf, the others scaled (scaled before, so
+// that no scale multiplies an infinity); the softmax then runs with scale 1.
+template <class T>
+void mask_tile(T* S, std::size_t ld, const Layout& L, std::size_t b, std::size_t h, std::size_t i0, std::size_t nq,
+               std::size_t j0, std::size_t nk, T scale) {
+  for (std::size_t c = 0; c < nq; ++c) {
+    const bool* ok = L.allowed_row(b, h, i0 + c) + j0;
+    const std::size_t end = L.limit(i0 + c), n = end > j0 ? std::min(end - j0, nk) : 0;
+    for (std::size_t j = 0; j < n; ++j) S[j * ld + c] = ok[j] ? S[j * ld + c] * scale : -std::numeric_limits<T>::infinity();
+  }
+}
+
+// The first query that sees key j0.
+std::size_t first_query(const Layout& L, std::size_t j0) { return L.causal && j0 + L.Tq > L.Tk ? j0 + L.Tq - L.Tk : 0; }
+
+// One query outside autograd (decoding): its scores are one row, against every key at once.
+template <class T>
+void single_query(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale, T* O) {
+  using Product = detail::SmallGemm<T>;
+  const Product scores(false, L.Tk, 1, L.dh, op[1].ld, 1, 1, false);     // s = K q
+  const Product mix(true, 1, L.dv, L.Tk, 1, op[2].ld, L.H * L.dv, false);  // o = sᵀ V
+  for_each_head(L, [&](std::size_t b, std::size_t kv) {
+    T* s = scratch<T>(L.Tk);
+    for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
+      scores(x.K + x.k(b, kv, L), x.Q + x.q(b, h, L), s);
+      T shown = scale;
+      if (L.allowed) {
+        const bool* ok = L.allowed_row(b, h, 0);
+        for (std::size_t j = 0; j < L.limit(0); ++j) s[j] = ok[j] ? s[j] * scale : -std::numeric_limits<T>::infinity();
+        shown = 1;
+      }
+      detail::softmax_row(s, L.Tk, L.limit(0), shown);
+      mix(s, x.V + x.v(b, kv, L), O + b * L.H * L.dv + h * L.dv);
+    }
+  });
+}
+
+// Forward into O (B, Tq, H·dv), saving what backward needs when `saved` is not null.
+template <class T>
+void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale, T* O, Saved<T>* saved) {
+  const Tiles<T> tiles(L, op);
+  const std::size_t ldo = L.H * L.dv, ld = tiles.ld, lanes = detail::softmax_lanes;
+  const bool keep = keeps_weights(L);
+  const T shown = L.allowed ? T(1) : scale, minus_inf = -std::numeric_limits<T>::infinity();
+  if (L.Tq == 0 || L.Tk == 0) {  // no tile: queries that see no key get zeros
+    std::fill(O, O + L.B * L.Tq * ldo, T(0));
+    return;
+  }
+  if (saved && keep) saved->weights = Array<T>::from_shape({L.B, L.H, L.Tk, ld});
+  if (saved && !keep) saved->shift = saved->inverse = Array<T>::from_shape({L.B, L.H, L.Tq});
+  for_each_head(L, [&](std::size_t b, std::size_t kv) {
+    T* Qt = scratch<T>(L.dh * L.Tq + tiles.bk * ld + 3 * ld);
+    T *tile = Qt + L.dh * L.Tq, *m = tile + tiles.bk * ld, *l = m + ld, *rescale = l + ld;
+    std::int32_t limits[detail::softmax_lanes];
+    const T *K = x.K + x.k(b, kv, L), *V = x.V + x.v(b, kv, L);
+    for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
+      detail::transpose(x.Q + x.q(b, h, L), L.Tq, L.dh, op[0].ld, Qt);
+      T* Oh = O + b * L.Tq * ldo + h * L.dv;
+      if (keep) {  // one tile: the plain softmax, and the weights kept
+        T* S = saved ? saved->weights.data() + (b * L.H + h) * L.Tk * ld : tile;
+        const TileProducts<T>& p = tiles(L.Tk, L.Tq);
+        p.scores(K, Qt, S);
+        if (L.allowed) mask_tile(S, ld, L, b, h, 0, L.Tq, 0, L.Tk, scale);
+        for (std::size_t c0 = 0; c0 < L.Tq; c0 += lanes) {
+          tile_limits(L, 0, L.Tq, c0, 0, L.Tk, limits);
+          detail::softmax_columns(S + c0, ld, L.Tk, limits, shown);
+        }
+        p.mix_set(S, V, Oh);
+        continue;
+      }
+      for (std::size_t i0 = 0; i0 < L.Tq; i0 += tiles.bq) {
+        const std::size_t nq = std::min(tiles.bq, L.Tq - i0), end = L.limit(i0 + nq - 1);
+        T* Oi = Oh + i0 * ldo;
+        std::fill(m, m + ld, minus_inf);
+        std::fill(l, l + ld, T(0));
+        for (std::size_t j0 = 0; j0 < end; j0 += tiles.bk) {
+          const std::size_t nk = std::min(tiles.bk, L.Tk - j0);
+          const TileProducts<T>& p = tiles(nk, nq);
+          p.scores(K + j0 * op[1].ld, Qt + i0, tile);
+          if (L.allowed) mask_tile(tile, ld, L, b, h, i0, nq, j0, nk, scale);
+          for (std::size_t c0 = 0; c0 < nq; c0 += lanes) {
+            tile_limits(L, i0, nq, c0, j0, nk, limits);
+            detail::online_softmax_columns(tile + c0, ld, nk, limits, shown, m + c0, l + c0, rescale + c0);
+          }
+          if (j0 > 0)
+            for (std::size_t c = 0; c < nq; ++c)
+              for (std::size_t e = 0; e < L.dv; ++e) Oi[c * ldo + e] *= rescale[c];
+          (j0 == 0 ? p.mix_set : p.mix_add)(tile, V + j0 * op[2].ld, Oi);
+        }
+        for (std::size_t c = 0; c < nq; ++c) {
+          const T inverse = l[c] > 0 ? 1 / l[c] : 0;  // a query that sees nothing: a row of 0
+          for (std::size_t e = 0; e < L.dv; ++e) Oi[c * ldo + e] = end > 0 ? Oi[c * ldo + e] * inverse : T(0);
+          if (saved) {
+            saved->shift[(b * L.H + h) * L.Tq + i0 + c] = m[c] == minus_inf ? 0 : m[c];
+            saved->inverse[(b * L.H + h) * L.Tq + i0 + c] = inverse;
+          }
+        }
+      }
+    }
+  });
+}
+
+// Backward into dQ, dK, dV (null when not needed), laid out as q, k and v. Every element is set:
+// the first product into each block sets it and the others add, since q, k and v together cover
+// each input (a call with no queries or no keys has no products, and the caller zeroes).
+template <class T>
+void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale, const Saved<T>& saved,
+              const T* O, const T* dO, T* dQ, T* dK, T* dV) {
+  const Tiles<T> tiles(L, op);
+  const std::size_t ldo = L.H * L.dv, ld = tiles.ld, lanes = detail::softmax_lanes, Tq_padded = padded(L.Tq);
+  const bool keep = keeps_weights(L);
+  const T shown = L.allowed ? T(1) : scale;
+  for_each_head(L, [&](std::size_t b, std::size_t kv) {
+    T* Qt = scratch<T>((L.dh + L.dv) * L.Tq + 2 * tiles.bk * ld + 3 * Tq_padded);
+    T *dOt = Qt + L.dh * L.Tq, *tile = dOt + L.dv * L.Tq, *dS = tile + tiles.bk * ld, *D = dS + tiles.bk * ld,
+      *shift = D + Tq_padded, *inverse = shift + Tq_padded;
+    std::int32_t limits[detail::softmax_lanes];
+    const T *K = x.K + x.k(b, kv, L), *V = x.V + x.v(b, kv, L);
+    for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
+      const T *Q = x.Q + x.q(b, h, L), *dOh = dO + b * L.Tq * ldo + h * L.dv;
+      T* dQh = dQ ? dQ + x.q(b, h, L) : nullptr;
+      if (!keep) {
+        // D = rowsum(dO ⊙ O) and the softmax's statistics, padded to whole blocks of 16 columns.
+        const T* Oh = O + b * L.Tq * ldo + h * L.dv;
+        const std::size_t row = (b * L.H + h) * L.Tq;
+        for (std::size_t i = 0; i < Tq_padded; ++i) {
+          T sum = 0;
+          if (i < L.Tq)
+            for (std::size_t e = 0; e < L.dv; ++e) sum += dOh[i * ldo + e] * Oh[i * ldo + e];
+          D[i] = sum;
+          shift[i] = i < L.Tq ? saved.shift[row + i] : 0;
+          inverse[i] = i < L.Tq ? saved.inverse[row + i] : 0;
+        }
+        detail::transpose(Q, L.Tq, L.dh, op[0].ld, Qt);
+      }
+      detail::transpose(dOh, L.Tq, L.dv, ldo, dOt);
+      for (std::size_t j0 = 0; j0 < L.Tk; j0 += tiles.bk) {
+        const std::size_t nk = std::min(tiles.bk, L.Tk - j0), start = first_query(L, j0) / tiles.bq * tiles.bq;
+        for (std::size_t i0 = start; i0 < L.Tq; i0 += tiles.bq) {
+          const std::size_t nq = std::min(tiles.bq, L.Tq - i0);
+          const bool first_k = h == kv * L.G() && i0 == start;  // the first product into dK_j, dV_j
+          const TileProducts<T>& p = tiles(nk, nq);
+          const T* P = keep ? saved.weights.data() + (b * L.H + h) * L.Tk * ld : tile;
+          if (!keep) {
+            p.scores(K + j0 * op[1].ld, Qt + i0, tile);
+            if (L.allowed) mask_tile(tile, ld, L, b, h, i0, nq, j0, nk, scale);
+            for (std::size_t c0 = 0; c0 < nq; c0 += lanes) {
+              tile_limits(L, i0, nq, c0, j0, nk, limits);
+              detail::softmax_again_columns(tile + c0, ld, nk, limits, shown, shift + i0 + c0, inverse + i0 + c0);
+            }
+          }
+          if (dV) (first_k ? p.dv_set : p.dv_add)(P, dOh + i0 * ldo, dV + x.v(b, kv, L) + j0 * op[2].ld);
+          if (!dQ && !dK) continue;
+          p.dp(V + j0 * op[2].ld, dOt + i0, dS);
+          // dSᵀ: a kept tile is every key a query sees, and sums P ⊙ dP itself; otherwise D is that sum.
+          for (std::size_t c0 = 0; c0 < nq; c0 += lanes) {
+            tile_limits(L, i0, nq, c0, j0, nk, limits);
+            detail::softmax_backward_columns(P + c0, dS + c0, ld, nk, limits, scale, keep ? nullptr : D + i0 + c0);
+          }
+          if (dQh) (j0 == 0 ? p.dq_set : p.dq_add)(dS, K + j0 * op[1].ld, dQh + i0 * op[0].ld);
+          if (dK) (first_k ? p.dk_set : p.dk_add)(dS, Q + i0 * op[0].ld, dK + x.k(b, kv, L) + j0 * op[1].ld);
+        }
+      }
+    }
+  });
+}
+
+template <class T>
+Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], const Layout& L, T scale,
+                 const MaskArray& allowed) {
   bool any_grad = false;
   for (const Tensor& t : in) any_grad = any_grad || t.requires_grad();
   const bool record = is_grad_enabled() && any_grad;
-  const Operand oq = op[0], ok = op[1], ov = op[2];
-  // A single query outside autograd (decoding) keeps its scores unpadded, for the row softmax.
-  const std::size_t ldo = L.H * L.dv, ldq = !record && L.Tq == 1 ? 1 : padded(L.Tq);
-  // Elements between batch entries.
-  const std::size_t bq = (oq.rows ? oq.rows : L.Tq) * oq.ld, bk = (ok.rows ? ok.rows : L.Tk) * ok.ld,
-                    bv = (ov.rows ? ov.rows : L.Tk) * ov.ld;
-  Array<T> out = Array<T>::from_shape({L.B, L.Tq, ldo});
-  // The weights Pᵀ of every head when backward needs them; otherwise one scratch matrix per thread.
-  auto weights = std::make_shared<Array<T>>();
-  if (record) *weights = Array<T>::from_shape({L.B, L.H, L.Tk, ldq});
-  const T* Q = in[oq.tensor].value<T>().data() + oq.col;
-  const T* K = in[ok.tensor].value<T>().data() + ok.col;
-  const T* V = in[ov.tensor].value<T>().data() + ov.col;
-  T* O = out.data();
-  const Product scores(false, L.Tk, L.Tq, L.dh, ok.ld, L.Tq, ldq, false);  // Sᵀ = K · (Qᵀ copied)
-  const Product mix(true, L.Tq, L.dv, L.Tk, ldq, ov.ld, ldo, false);      // O = (Pᵀ)ᵀ V
-  for_each_head(L, [&](std::size_t b, std::size_t kv) {
-    T* Qt = scratch<T>(L.dh * L.Tq + (record ? 0 : L.Tk * ldq));
-    const T* Kb = K + b * bk + kv * L.dh;
-    const T* Vb = V + b * bv + kv * L.dv;
-    for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
-      T* P = record ? weights->data() + (b * L.H + h) * L.Tk * ldq : Qt + L.dh * L.Tq;
-      detail::transpose(Q + b * bq + h * L.dh, L.Tq, L.dh, oq.ld, Qt);
-      scores(Kb, Qt, P);
-      softmax_columns(P, ldq, L, b, h, scale);
-      mix(P, Vb, O + b * L.Tq * ldo + h * L.dv);
-    }
-  });
-  if (!record) return Tensor(std::move(out));
-  L.allowed = nullptr;  // backward needs no mask: a masked weight is exactly 0, so is its dS
+  const Heads<T> x(in, op, L);
+  Array<T> out = Array<T>::from_shape({L.B, L.Tq, L.H * L.dv});
+  if (!record) {
+    if (L.Tq == 1)
+      single_query(x, op, L, scale, out.data());
+    else
+      forward(x, op, L, scale, out.data(), static_cast<Saved<T>*>(nullptr));
+    return Tensor(std::move(out));
+  }
+  auto saved = std::make_shared<Saved<T>>();
+  forward(x, op, L, scale, out.data(), saved.get());
+  // Backward computes weights again, under the same mask: a copy, since the caller's may go.
+  auto mask = L.allowed ? std::make_shared<const MaskArray>(allowed) : nullptr;
   std::vector<const Tensor*> inputs;
   for (const Tensor& t : in) inputs.push_back(&t);
-  return record_op<T>(op_name, std::move(out), inputs, [in, oq, ok, ov, L, scale, weights](BackwardContext<T>& ctx) {
-    const std::size_t ldo = L.H * L.dv, ldq = padded(L.Tq);
-    const T* Q = in[oq.tensor].value<T>().data() + oq.col;
-    const T* K = in[ok.tensor].value<T>().data() + ok.col;
-    const T* V = in[ov.tensor].value<T>().data() + ov.col;
-    const T* dO = ctx.grad().data();
-    // One gradient per input; every element is written (the first query head of a kv head sets
-    // dK and dV, the others add), since q, k and v together cover each input.
+  return record_op<T>(op_name, std::move(out), inputs, [in, op0 = op[0], op1 = op[1], op2 = op[2], L, scale, saved, mask](BackwardContext<T>& ctx) {
+    const Operand op[3] = {op0, op1, op2};
+    Layout Lm = L;
+    Lm.allowed = mask ? mask->data() : nullptr;
     std::vector<Array<T>> grads(in.size());
     for (std::size_t i = 0; i < in.size(); ++i)
-      if (ctx.needs(i)) grads[i] = Array<T>::from_shape(in[i].shape());
-    const auto target = [&](const Operand& o) { return ctx.needs(o.tensor) ? grads[o.tensor].data() + o.col : nullptr; };
-    T* dQ = target(oq);
-    T* dK = target(ok);
-    T* dV = target(ov);
-    // dV = Pᵀ dO, dPᵀ = V · (dOᵀ copied), dQ = (dSᵀ)ᵀ K, dK = dSᵀ Q; of each pair, the second adds.
-    const Product dv_set(false, L.Tk, L.dv, L.Tq, ldq, ldo, ov.ld, false), dv_add(false, L.Tk, L.dv, L.Tq, ldq, ldo, ov.ld, true);
-    const Product dp(false, L.Tk, L.Tq, L.dv, ov.ld, L.Tq, ldq, false);
-    const Product dq(true, L.Tq, L.dh, L.Tk, ldq, ok.ld, oq.ld, false);
-    const Product dk_set(false, L.Tk, L.dh, L.Tq, ldq, oq.ld, ok.ld, false), dk_add(false, L.Tk, L.dh, L.Tq, ldq, oq.ld, ok.ld, true);
-    for_each_head(L, [&](std::size_t b, std::size_t kv) {
-      const std::size_t k_off = b * L.Tk * ok.ld + kv * L.dh, v_off = b * L.Tk * ov.ld + kv * L.dv;
-      T* dS = scratch<T>(L.Tk * ldq + L.dv * L.Tq);
-      T* dOt = dS + L.Tk * ldq;
-      for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
-        const bool first = h == kv * L.G();
-        const T* P = weights->data() + (b * L.H + h) * L.Tk * ldq;
-        const T* dOh = dO + b * L.Tq * ldo + h * L.dv;
-        const std::size_t q_off = b * L.Tq * oq.ld + h * L.dh;
-        if (dV) (first ? dv_set : dv_add)(P, dOh, dV + v_off);
-        if (!dQ && !dK) continue;
-        detail::transpose(dOh, L.Tq, L.dv, ldo, dOt);
-        dp(V + v_off, dOt, dS);
-        softmax_backward_columns(P, dS, ldq, L, scale);
-        if (dQ) dq(dS, K + k_off, dQ + q_off);
-        if (dK) (first ? dk_set : dk_add)(dS, Q + q_off, dK + k_off);
+      if (ctx.needs(i)) {
+        grads[i] = Array<T>::from_shape(in[i].shape());
+        if (L.Tq == 0 || L.Tk == 0) grads[i].fill(T(0));
       }
-    });
+    const auto target = [&](const Operand& o) { return ctx.needs(o.tensor) ? grads[o.tensor].data() + o.col : nullptr; };
+    backward(Heads<T>(in, op, Lm), op, Lm, scale, *saved, ctx.output().data(), ctx.grad().data(), target(op[0]),
+             target(op[1]), target(op[2]));
     for (std::size_t i = 0; i < in.size(); ++i)
       if (ctx.needs(i)) ctx.accumulate(i, std::move(grads[i]));
-  });
+  }, Save::output);
 }
 
 // Checks the mask and the dtype, then runs attention.
@@ -212,7 +378,7 @@ Tensor run(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L, doub
   }
   return dispatch(in[0].dtype(), [&](auto t) {
     using T = decltype(t);
-    return attention<T>(in, op, L, T(scale));
+    return attention<T>(in, op, L, T(scale), allowed);
   });
 }
 

@@ -60,24 +60,24 @@ QKV_INLINE std::size_t used_rows(std::size_t rows, const std::int32_t* limits) {
   return std::min<std::size_t>(rows, std::size_t(std::max(0, *std::max_element(limits, limits + lanes))));
 }
 
-}  // namespace
-
-QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale) {
+// The first two passes of a block's softmax over rows [0, used): visible entries scaled and the
+// rest −inf, raising m to their maximum; then each entry e^(x − shift), where shift is m or, for
+// a column with nothing visible or only scores of −inf, 0 (its entries then become e^−inf = 0).
+// shift and each column's sum, total, come back.
+QKV_INLINE void exponentials(float* s, std::size_t ld, std::size_t used, const std::int32_t* limits, float scale,
+                             Floats& m, Floats& shift, Floats& total) {
   const Floats zero = {}, minus_inf = zero - std::numeric_limits<float>::infinity();
   Ints n;
   std::memcpy(&n, limits, sizeof n);
-  const std::size_t used = used_rows(rows, limits);
-  Floats m = minus_inf, v;
+  Floats v;
   for (std::size_t j = 0; j < used; ++j) {
     load(v, s + j * ld);
     v = Ints{} + std::int32_t(j) < n ? v * scale : minus_inf;
     store(s + j * ld, v);
     m = m > v ? m : v;
   }
-  // A column with nothing visible, or only scores of -inf, has m = -inf: shifting by 0 makes its
-  // entries e^-inf = 0, and its total 0 makes it all 0.
-  const Floats shift = m == minus_inf ? zero : m;
-  Floats total = zero;
+  shift = m == minus_inf ? zero : m;
+  total = zero;
   for (std::size_t j = 0; j < used; ++j) {
     load(v, s + j * ld);
     v -= shift;
@@ -85,6 +85,15 @@ QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, cons
     store(s + j * ld, v);
     total += v;
   }
+}
+
+}  // namespace
+
+QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale) {
+  const Floats zero = {};
+  const std::size_t used = used_rows(rows, limits);
+  Floats m = zero - std::numeric_limits<float>::infinity(), shift, total, v;
+  exponentials(s, ld, used, limits, scale, m, shift, total);
   const Floats inv = total > zero ? 1.0f / total : zero;
   for (std::size_t j = 0; j < used; ++j) {
     load(v, s + j * ld);
@@ -94,17 +103,20 @@ QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, cons
 }
 
 QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows,
-                                         const std::int32_t* limits, float scale) {
+                                         const std::int32_t* limits, float scale, const float* dots) {
   const Floats zero = {};
   Ints n;
   std::memcpy(&n, limits, sizeof n);
   const std::size_t used = used_rows(rows, limits);
   Floats c = zero, pj, dj;
-  for (std::size_t j = 0; j < used; ++j) {  // past a column's limit, d may hold anything
-    load(pj, p + j * ld);
-    load(dj, d + j * ld);
-    c += Ints{} + std::int32_t(j) < n ? pj * dj : zero;
-  }
+  if (dots)
+    load(c, dots);
+  else
+    for (std::size_t j = 0; j < used; ++j) {  // past a column's limit, d may hold anything
+      load(pj, p + j * ld);
+      load(dj, d + j * ld);
+      c += Ints{} + std::int32_t(j) < n ? pj * dj : zero;
+    }
   for (std::size_t j = 0; j < used; ++j) {
     load(pj, p + j * ld);
     load(dj, d + j * ld);
@@ -133,13 +145,77 @@ void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int
 }
 
 void softmax_backward_columns(const double* p, double* d, std::size_t ld, std::size_t rows,
-                              const std::int32_t* limits, double scale) {
+                              const std::int32_t* limits, double scale, const double* dots) {
   for (std::size_t c = 0; c < lanes; ++c) {
     const std::size_t n = std::min<std::size_t>(rows, std::size_t(std::max(0, limits[c])));
     double dot = 0;
-    for (std::size_t j = 0; j < n; ++j) dot += p[j * ld + c] * d[j * ld + c];
+    if (dots)
+      dot = dots[c];
+    else
+      for (std::size_t j = 0; j < n; ++j) dot += p[j * ld + c] * d[j * ld + c];
     for (std::size_t j = 0; j < n; ++j) d[j * ld + c] = (p[j * ld + c] * (d[j * ld + c] - dot)) * scale;
     for (std::size_t j = n; j < rows; ++j) d[j * ld + c] = 0;
+  }
+}
+
+QKV_CLONES void online_softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits,
+                                       float scale, float* max, float* total, float* rescale) {
+  const std::size_t used = used_rows(rows, limits);
+  Floats m_old, m, shift, sum, l;
+  load(m_old, max);
+  m = m_old;
+  exponentials(s, ld, used, limits, scale, m, shift, sum);
+  for (std::size_t j = used; j < rows; ++j) store(s + j * ld, Floats{});
+  Floats r = m_old - shift;  // −inf before anything was seen: e^−inf = 0
+  exp_approx(r);
+  load(l, total);
+  store(rescale, r);
+  store(total, l * r + sum);
+  store(max, m);
+}
+
+QKV_CLONES void softmax_again_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits,
+                                      float scale, const float* shift, const float* inverse) {
+  const Floats zero = {}, minus_inf = zero - std::numeric_limits<float>::infinity();
+  Ints n;
+  std::memcpy(&n, limits, sizeof n);
+  const std::size_t used = used_rows(rows, limits);
+  Floats m, inv, v;
+  load(m, shift);
+  load(inv, inverse);
+  for (std::size_t j = 0; j < used; ++j) {
+    load(v, s + j * ld);
+    v = Ints{} + std::int32_t(j) < n ? v * scale - m : minus_inf;
+    exp_approx(v);
+    store(s + j * ld, v * inv);
+  }
+  for (std::size_t j = used; j < rows; ++j) store(s + j * ld, zero);
+}
+
+// float64: the same steps, column by column, with std::exp.
+void online_softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale,
+                            double* max, double* total, double* rescale) {
+  const double minus_inf = -std::numeric_limits<double>::infinity();
+  for (std::size_t c = 0; c < lanes; ++c) {
+    const std::size_t n = std::min<std::size_t>(rows, std::size_t(std::max(0, limits[c])));
+    double m = max[c];
+    for (std::size_t j = 0; j < n; ++j) m = std::max(m, s[j * ld + c] *= scale);
+    const double shift = m == minus_inf ? 0 : m;
+    double sum = 0;
+    for (std::size_t j = 0; j < n; ++j) sum += s[j * ld + c] = std::exp(s[j * ld + c] - shift);
+    for (std::size_t j = n; j < rows; ++j) s[j * ld + c] = 0;
+    rescale[c] = std::exp(max[c] - shift);
+    total[c] = total[c] * rescale[c] + sum;
+    max[c] = m;
+  }
+}
+
+void softmax_again_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale,
+                           const double* shift, const double* inverse) {
+  for (std::size_t c = 0; c < lanes; ++c) {
+    const std::size_t n = std::min<std::size_t>(rows, std::size_t(std::max(0, limits[c])));
+    for (std::size_t j = 0; j < n; ++j) s[j * ld + c] = std::exp(s[j * ld + c] * scale - shift[c]) * inverse[c];
+    for (std::size_t j = n; j < rows; ++j) s[j * ld + c] = 0;
   }
 }
 

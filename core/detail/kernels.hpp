@@ -25,11 +25,30 @@ void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int
 void softmax_row(float* s, std::size_t n, std::size_t limit, float scale);
 void softmax_row(double* s, std::size_t n, std::size_t limit, double scale);
 // Softmax backward in place of d, for p a block softmax_columns made (same ld and limits):
-// d[j, c] = scale · p[j, c] · (d[j, c] − Σ_k p[k, c] d[k, c]) over visible entries, 0 elsewhere.
+// d[j, c] = scale · p[j, c] · (d[j, c] − dots[c]) over visible entries, 0 elsewhere, where dots[c]
+// is Σ_k p[k, c] d[k, c] over the block when `dots` is null, and given otherwise (a block of a
+// longer column, whose sum is known beforehand).
 void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows, const std::int32_t* limits,
-                              float scale);
+                              float scale, const float* dots = nullptr);
 void softmax_backward_columns(const double* p, double* d, std::size_t ld, std::size_t rows,
-                              const std::int32_t* limits, double scale);
+                              const std::int32_t* limits, double scale, const double* dots = nullptr);
+// The online softmax of one block of keys, for attention in tiles (FlashAttention): max[c] and
+// total[c] are column c's running maximum of scale · score and its sum of exponentials over the
+// blocks before. Visible entries become e^(scale · s − m), m the new running maximum, and the rest
+// 0; rescale[c] = e^(m_old − m), what the column's earlier sums are multiplied by (0 when it saw
+// nothing before); total[c] = total[c] · rescale[c] + the block's sum; max[c] = m. A column that
+// has seen only −inf keeps max −inf and total 0.
+void online_softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale,
+                            float* max, float* total, float* rescale);
+void online_softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale,
+                            double* max, double* total, double* rescale);
+// A block's weights again from what the online softmax left of each column: e^(scale · s − shift[c]) ·
+// inverse[c] over visible entries, 0 elsewhere, where shift is the column's maximum (0 for a column
+// that saw nothing) and inverse 1 / its total (0 for a column that saw nothing).
+void softmax_again_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale,
+                           const float* shift, const float* inverse);
+void softmax_again_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale,
+                           const double* shift, const double* inverse);
 
 // A row added to every row, and its gradient, on rows × cols row-major blocks (a linear layer's
 // bias; a sum that broadcasts; with one row, the sum of two arrays): y[i, c] = x[i, c] + b[c]

@@ -70,9 +70,13 @@ TEST_CASE("scaled_dot_product_attention equals a loop reference, with heads, GQA
     std::size_t Tq, Tk, H, Hkv, dh, dv;
     bool causal, masked;
   };
+  // Up to 64 keys the weights are one tile per head, kept for backward; past that, tiles of 64 × 64
+  // with the online softmax, computed again in backward: 70 queries make two tiles, the last of 6;
+  // 66 queries against 130 keys put the causal diagonal across tiles.
   for (const Case c : {Case{5, 5, 2, 2, 3, 3, false, false}, Case{5, 5, 4, 2, 3, 2, true, false},
                        Case{3, 6, 3, 1, 4, 2, true, false}, Case{4, 3, 2, 1, 2, 5, false, true},
-                       Case{6, 6, 4, 4, 1, 1, true, true}}) {
+                       Case{6, 6, 4, 4, 1, 1, true, true}, Case{70, 70, 2, 1, 1, 1, true, false},
+                       Case{66, 130, 2, 2, 1, 2, true, true}, Case{68, 72, 4, 2, 1, 1, false, true}}) {
     INFO("Tq " << c.Tq << " Tk " << c.Tk << " H " << c.H << " Hkv " << c.Hkv << " causal " << c.causal << " masked " << c.masked);
     const Tensor q = random_input({2, c.Tq, c.H * c.dh}, gen), k = random_input({2, c.Tk, c.Hkv * c.dh}, gen),
                  v = random_input({2, c.Tk, c.Hkv * c.dv}, gen);
@@ -81,6 +85,10 @@ TEST_CASE("scaled_dot_product_attention equals a loop reference, with heads, GQA
       allowed = xt::ones<bool>(Shape{2, c.H, c.Tq, c.Tk});
       for (std::size_t j = 0; j < c.Tk; ++j) allowed(1, c.H - 1, 0, j) = false;  // a query that sees nothing
       allowed(0, 0, 1, 0) = false;
+      // Past one tile: a query that sees nothing in the first tile of keys (its running maximum
+      // stays −inf until the second), and one that sees nothing after the first.
+      for (std::size_t j = 0; j < std::min<std::size_t>(64, c.Tk); ++j) allowed(0, 1, 2, j) = false;
+      for (std::size_t j = 64; j < c.Tk; ++j) allowed(1, 0, c.Tq - 1, j) = false;
     }
     const Tensor y = scaled_dot_product_attention(q, k, v, c.H, c.Hkv, 0.7, c.causal, allowed);
     check_close(y, reference(q.value<double>(), k.value<double>(), v.value<double>(), c.H, c.Hkv, 0.7, c.causal, allowed));
@@ -122,20 +130,30 @@ TEST_CASE("scaled_dot_product_attention in float32 matches float64, and a query 
   for (std::size_t d = 3; d < 6; ++d) CHECK(y64.value<double>()(0, 2, d) == 0);  // head 1 of batch 0, query 2
 }
 
-TEST_CASE("scaled_dot_product_attention's float32 kernels match float64, values and gradients, on padded rows") {
+TEST_CASE("scaled_dot_product_attention's float32 kernels match float64, values and gradients, on padded rows and tiles, with masks") {
   // 19 and 33 keys: rows padded past the keys to whole chunks of 16; causal rows end inside a chunk.
-  for (const auto& [Tq, Tk, causal] : std::vector<std::tuple<std::size_t, std::size_t, bool>>{
-           {19, 19, true}, {19, 33, true}, {19, 33, false}, {16, 16, true}}) {
-    INFO("Tq " << Tq << ", Tk " << Tk << ", causal " << causal);
+  // 150 and 200 keys: tiles, the last ones cut short; masks hiding scattered keys, a query's whole
+  // first tile and a query's every key.
+  for (const auto& [Tq, Tk, causal, masked] : std::vector<std::tuple<std::size_t, std::size_t, bool, bool>>{
+           {19, 19, true, false}, {19, 33, true, true}, {19, 33, false, false}, {16, 16, true, false},
+           {150, 150, true, false}, {70, 200, true, true}, {130, 100, false, true}}) {
+    INFO("Tq " << Tq << ", Tk " << Tk << ", causal " << causal << ", masked " << masked);
     Generator gen(Tq + Tk);
     const Tensor q = random_input({2, Tq, 12}, gen), k = random_input({2, Tk, 6}, gen), v = random_input({2, Tk, 10}, gen);
     const Tensor w = randn({2, Tq, 20}, DType::float64, gen);
-    const Tensor y64 = scaled_dot_product_attention(q, k, v, 4, 2, 0.7, causal);
-    check_close(y64, reference(q.value<double>(), k.value<double>(), v.value<double>(), 4, 2, 0.7, causal), 1e-13);
+    MaskArray allowed;
+    if (masked) {
+      allowed = xt::ones<bool>(Shape{2, 4, Tq, Tk});
+      for (std::size_t i = 0; i < allowed.size(); i += 7) allowed.data()[i] = false;
+      for (std::size_t j = 0; j < std::min<std::size_t>(64, Tk); ++j) allowed(0, 2, Tq - 1, j) = false;
+      for (std::size_t j = 0; j < Tk; ++j) allowed(1, 3, Tq / 2, j) = false;
+    }
+    const Tensor y64 = scaled_dot_product_attention(q, k, v, 4, 2, 0.7, causal, allowed);
+    check_close(y64, reference(q.value<double>(), k.value<double>(), v.value<double>(), 4, 2, 0.7, causal, allowed), 1e-13);
     sum(y64 * w).backward();
     const auto as32 = [](const Tensor& t) { return t.to(DType::float32).detach().requires_grad_(); };
     const Tensor q32 = as32(q), k32 = as32(k), v32 = as32(v);
-    const Tensor y32 = scaled_dot_product_attention(q32, k32, v32, 4, 2, 0.7, causal);
+    const Tensor y32 = scaled_dot_product_attention(q32, k32, v32, 4, 2, 0.7, causal, allowed);
     sum(y32 * w.to(DType::float32)).backward();
     check_close(y32, y64.value<double>(), 2e-6);
     check_close(q32.grad(), q.grad().value<double>(), 1e-5);
@@ -145,11 +163,13 @@ TEST_CASE("scaled_dot_product_attention's float32 kernels match float64, values 
 }
 
 TEST_CASE("scaled_dot_product_attention gives bit-identical results and gradients on 1 and 2 threads") {
+  for (const std::size_t T : {16, 150}) {  // weights kept; tiles
+  INFO("T " << T);
   Generator gen(5);
-  const Tensor q = random_input({3, 16, 32}, gen).to(DType::float32).detach().requires_grad_(),
-               k = random_input({3, 16, 16}, gen).to(DType::float32).detach().requires_grad_(),
-               v = random_input({3, 16, 16}, gen).to(DType::float32).detach().requires_grad_();
-  const Tensor w = randn({3, 16, 32}, DType::float32, gen);
+  const Tensor q = random_input({3, T, 32}, gen).to(DType::float32).detach().requires_grad_(),
+               k = random_input({3, T, 16}, gen).to(DType::float32).detach().requires_grad_(),
+               v = random_input({3, T, 16}, gen).to(DType::float32).detach().requires_grad_();
+  const Tensor w = randn({3, T, 32}, DType::float32, gen);
   std::vector<Array<float>> results;
   for (std::size_t threads : {1, 2}) {
     set_num_threads(threads);
@@ -161,6 +181,7 @@ TEST_CASE("scaled_dot_product_attention gives bit-identical results and gradient
   }
   set_num_threads(1);
   for (std::size_t i = 0; i < 4; ++i) CHECK(bool(results[i] == results[i + 4]));
+  }
 }
 
 TEST_CASE("scaled_dot_product_attention rejects bad shapes, naming them") {

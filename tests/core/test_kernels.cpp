@@ -1,6 +1,8 @@
 #include "tests/helpers.hpp"
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -80,6 +82,98 @@ TEST_CASE("a softmax column whose visible scores are all -inf is all zero") {
     CHECK(s[lanes + c] == 1.0f);
     CHECK(s[2 * lanes + c] == 0.0f);
   }
+}
+
+namespace {
+
+// A column of 40 scores cut into blocks of rows 7, 16 and 17: the online softmax, block by block,
+// carries a weighted sum Σ p · x the way attention carries O (rescaled at each block), and must
+// end at the softmax of the whole column; the weights computed again from its statistics must be
+// the softmax itself, block by block; and the backward with the column's dot given must equal
+// the backward over the whole column.
+template <class T>
+void check_online_softmax() {
+  const std::size_t rows = 40, lanes = detail::softmax_lanes, ld = lanes + 3;
+  const std::size_t cuts[] = {0, 7, 23, 40};
+  const T scale = T(0.8), inf = std::numeric_limits<T>::infinity();
+  // Column limits: none, inside each block, at the cuts, all; column 5 sees only −inf scores.
+  const std::int32_t limits[16] = {0, 1, 5, 7, 8, 3, 22, 23, 24, 30, 39, 40, 40, 12, 17, 2};
+  std::vector<T> x(rows * ld), d(rows * ld);
+  for (std::size_t j = 0; j < rows; ++j)
+    for (std::size_t c = 0; c < ld; ++c) {
+      x[j * ld + c] = c == 5 ? -inf : T(std::sin(0.9 * double(j) + 1.7 * double(c)) * 6);
+      d[j * ld + c] = T(std::cos(0.5 * double(j) - double(c)));
+    }
+  T max[16], total[16], rescale[16], carried[16] = {};
+  std::fill(max, max + lanes, -inf);
+  std::fill(total, total + lanes, T(0));
+  std::vector<T> online = x;
+  for (std::size_t b = 0; b + 1 < std::size(cuts); ++b) {
+    std::int32_t block_limits[16];
+    for (std::size_t c = 0; c < lanes; ++c)
+      block_limits[c] = std::int32_t(std::clamp<std::int64_t>(limits[c] - std::int64_t(cuts[b]), 0, std::int64_t(cuts[b + 1] - cuts[b])));
+    T* block = online.data() + cuts[b] * ld;
+    detail::online_softmax_columns(block, ld, cuts[b + 1] - cuts[b], block_limits, scale, max, total, rescale);
+    for (std::size_t c = 0; c < lanes; ++c) {
+      carried[c] = b == 0 ? T(0) : carried[c] * rescale[c];
+      for (std::size_t j = cuts[b]; j < cuts[b + 1]; ++j) carried[c] += online[j * ld + c] * T(j + 1);
+    }
+  }
+  std::vector<T> whole = x, again = x, dots(lanes);
+  detail::softmax_columns(whole.data(), ld, rows, limits, scale);
+  T shift[16], inverse[16];
+  for (std::size_t c = 0; c < lanes; ++c) {
+    shift[c] = max[c] == -inf ? T(0) : max[c];
+    inverse[c] = total[c] > 0 ? 1 / total[c] : T(0);
+  }
+  for (std::size_t b = 0; b + 1 < std::size(cuts); ++b) {
+    std::int32_t block_limits[16];
+    for (std::size_t c = 0; c < lanes; ++c)
+      block_limits[c] = std::int32_t(std::clamp<std::int64_t>(limits[c] - std::int64_t(cuts[b]), 0, std::int64_t(cuts[b + 1] - cuts[b])));
+    detail::softmax_again_columns(again.data() + cuts[b] * ld, ld, cuts[b + 1] - cuts[b], block_limits, scale, shift, inverse);
+  }
+  const double tol = std::is_same_v<T, float> ? 2e-6 : 1e-14;
+  for (std::size_t c = 0; c < lanes; ++c) {
+    INFO("column " << c << ", limit " << limits[c]);
+    // The reference in double: softmax of scale · x over the visible rows.
+    const std::size_t n = std::size_t(limits[c]);
+    double m = -INFINITY, sum = 0, mean = 0, dot = 0;
+    for (std::size_t j = 0; j < n; ++j) m = std::max(m, double(scale) * double(x[j * ld + c]));
+    std::vector<double> p(rows, 0.0);
+    if (m > -INFINITY) {
+      for (std::size_t j = 0; j < n; ++j) sum += p[j] = std::exp(double(scale) * double(x[j * ld + c]) - m);
+      for (std::size_t j = 0; j < n; ++j) p[j] /= sum;
+    }
+    for (std::size_t j = 0; j < n; ++j) mean += p[j] * double(j + 1);
+    for (std::size_t j = 0; j < n; ++j) dot += p[j] * double(d[j * ld + c]);
+    dots[c] = T(dot);
+    CHECK(double(carried[c] * inverse[c]) == Approx(mean).epsilon(tol).margin(tol));
+    CHECK(double(total[c]) == Approx(sum).epsilon(tol));
+    if (c == 5 || n == 0) CHECK((max[c] == -inf && total[c] == 0));
+    for (std::size_t j = 0; j < rows; ++j) {
+      CHECK(double(again[j * ld + c]) == Approx(p[j]).margin(tol));
+      CHECK(again[j * ld + c] == Approx(whole[j * ld + c]).margin(tol));
+    }
+  }
+  // Backward: with the dot given, block by block, as over the whole column at once.
+  std::vector<T> given = d, computed = d;
+  detail::softmax_backward_columns(whole.data(), computed.data(), ld, rows, limits, scale);
+  for (std::size_t b = 0; b + 1 < std::size(cuts); ++b) {
+    std::int32_t block_limits[16];
+    for (std::size_t c = 0; c < lanes; ++c)
+      block_limits[c] = std::int32_t(std::clamp<std::int64_t>(limits[c] - std::int64_t(cuts[b]), 0, std::int64_t(cuts[b + 1] - cuts[b])));
+    detail::softmax_backward_columns(whole.data() + cuts[b] * ld, given.data() + cuts[b] * ld, ld, cuts[b + 1] - cuts[b],
+                                     block_limits, scale, dots.data());
+  }
+  for (std::size_t j = 0; j < rows; ++j)
+    for (std::size_t c = 0; c < lanes; ++c) CHECK(double(given[j * ld + c]) == Approx(double(computed[j * ld + c])).margin(tol * 10));
+}
+
+}  // namespace
+
+TEST_CASE("the online softmax over blocks of rows ends at the whole column's softmax, and its statistics give the weights again, both dtypes") {
+  check_online_softmax<float>();
+  check_online_softmax<double>();
 }
 
 namespace {
