@@ -3,13 +3,16 @@
 
     bench/compare.py [--bench build/qkv-bench] [--threads 2] [--seconds 5] [--rounds 3]
                      [--configs tiny,small,medium,long,longer,wide] [--decode-configs small]
-                     [--decode-batches 1,16]
+                     [--decode-batches 1,16] [--lengths 128,256,512,1024,2048,4096]
+                     [--length-config long] [--length-tokens 4096]
 
 First the machine's sgemm rate (qkv-bench --peak, the best of 512-2048 square products through
 OpenBLAS); then, per config, `rounds` rounds of qkv and PyTorch, alternating, so that both see
 the same machine. Each cell is the median over rounds. Then the decoding table: greedy generation
 of 256 tokens per sequence from the decode configs' models, for each batch size, with the KV
-cache and without (--decode-configs "" leaves it out).
+cache and without (--decode-configs "" leaves it out). Then, with --lengths, the length table: one
+model (--length-config) trained at each length T on batches of --length-tokens / T sequences, so
+that every step holds the same tokens and only attention's share of the work grows with T.
 """
 import argparse
 import datetime
@@ -48,6 +51,9 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--configs", default="tiny,small,medium,long,longer,wide")
+    parser.add_argument("--lengths", default="", help="lengths T to train the --length-config model at")
+    parser.add_argument("--length-config", default="long")
+    parser.add_argument("--length-tokens", type=int, default=4096, help="tokens per batch at each length")
     parser.add_argument("--decode-configs", default="small")
     parser.add_argument("--decode-batches", default="1,16")
     args = parser.parse_args()
@@ -63,12 +69,15 @@ def main():
     qkv_cmd = [args.bench, *threads, *seconds]
     torch_cmd = [sys.executable, os.path.join(HERE, "torch_bench.py"), *threads, *seconds]
 
-    rows, torch_version = [], None
-    for name in filter(None, args.configs.split(",")):
+    torch_version = None
+
+    def training(name, flags):
+        """Medians of `rounds` alternating training runs of qkv and PyTorch, checked to be the same model."""
+        nonlocal torch_version
         runs = {"qkv": [], "torch": []}
         for _ in range(args.rounds):
-            runs["qkv"].append(run_json([*qkv_cmd, "--config", name], env))
-            runs["torch"].append(run_json([*torch_cmd, "--config", name], env))
+            runs["qkv"].append(run_json([*qkv_cmd, *flags], env))
+            runs["torch"].append(run_json([*torch_cmd, *flags], env))
         med = {impl: {key: statistics.median(r[key] for r in rs)
                       for key in ("steps_per_s", "ms_per_step", "gflops", "peak_rss_mb")}
                for impl, rs in runs.items()}
@@ -79,7 +88,14 @@ def main():
         flops = {impl: rs[0]["gflops"] / rs[0]["steps_per_s"] for impl, rs in runs.items()}
         if abs(flops["qkv"] - flops["torch"]) > 1e-9 * flops["qkv"]:
             sys.exit(f"compare.py: {name}: the FLOP counts per step differ: {flops}")
-        rows.append((name, runs["qkv"][0]["params"], med["qkv"], med["torch"]))
+        return runs["qkv"][0]["params"], med["qkv"], med["torch"]
+
+    rows = [(name, *training(name, ["--config", name])) for name in filter(None, args.configs.split(","))]
+    length_rows = []
+    for length in (int(t) for t in filter(None, args.lengths.split(","))):
+        batch = max(1, args.length_tokens // length)
+        flags = ["--config", args.length_config, "--length", str(length), "--batch", str(batch)]
+        length_rows.append((length, batch, *training(f"{args.length_config} at T {length}", flags)))
 
     decode_rows = []
     for name in filter(None, args.decode_configs.split(",")):
@@ -108,6 +124,16 @@ def main():
               f"| {q['steps_per_s'] / t['steps_per_s']:.2f}x "
               f"| {q['gflops']:.1f} ({100 * q['gflops'] / peak:.0f}%) | {t['gflops']:.1f} ({100 * t['gflops'] / peak:.0f}%) "
               f"| {q['peak_rss_mb']:.0f} | {t['peak_rss_mb']:.0f} | {q['peak_rss_mb'] / t['peak_rss_mb']:.2f} |")
+
+    if length_rows:
+        print(f"\nThe {args.length_config} model at lengths T, batch {args.length_tokens} / T (median of {args.rounds} rounds):\n")
+        print("| T | batch | qkv ms/step | PyTorch ms/step | qkv / PyTorch | qkv GFLOP/s (% peak) "
+              "| qkv peak MB | PyTorch peak MB | memory qkv / PyTorch |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for length, batch, params, q, t in length_rows:
+            print(f"| {length} | {batch} | {q['ms_per_step']:.1f} | {t['ms_per_step']:.1f} "
+                  f"| {q['steps_per_s'] / t['steps_per_s']:.2f}x | {q['gflops']:.1f} ({100 * q['gflops'] / peak:.0f}%) "
+                  f"| {q['peak_rss_mb']:.0f} | {t['peak_rss_mb']:.0f} | {q['peak_rss_mb'] / t['peak_rss_mb']:.2f} |")
 
     if decode_rows:
         print(f"\nGreedy generation of 256 tokens per sequence after a start token, tokens per second "

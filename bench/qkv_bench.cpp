@@ -130,6 +130,8 @@ nlohmann::ordered_json run_config(const bench::Config& c, std::size_t threads, d
   nlohmann::ordered_json out;
   out["impl"] = "qkv";
   out["config"] = c.name;
+  out["length"] = c.T;
+  out["batch"] = c.B;
   out["threads"] = threads;
   out["steps_per_s"] = 1.0 / per_step;
   out["ms_per_step"] = 1e3 * per_step;
@@ -219,10 +221,13 @@ int main(int argc, char** argv) {
   std::size_t threads = 1;
   double seconds = 10;
   bool peak = false, decode = false, no_cache = false;
-  std::size_t batch = 1;
+  std::size_t batch = 0, length = 0;  // 0: the config's (training), 1 (decoding)
   app.add_option("--config", config, "tiny, small, medium, long, longer or wide")->check(CLI::IsMember(bench::config_names()));
   app.add_flag("--decode", decode, "time greedy generation of 256 tokens instead of training steps");
-  app.add_option("--batch", batch, "sequences generated at once (--decode)")->check(CLI::Range(1, 4096));
+  app.add_option("--batch", batch, "sequences a training step takes (default: the config's), or generated at once (--decode; default 1)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--length", length, "sequence length of a training step, instead of the config's")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_flag("--no-cache", no_cache, "run the whole sequence at every step (--decode)");
   app.add_option("--threads", threads, "threads for BLAS and qkv's own work")->check(CLI::Range(1, 256));
   app.add_option("--seconds", seconds, "how long to time steps for, after a warm-up")->check(CLI::Range(0.1, 3600.0));
@@ -230,14 +235,18 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     if (peak == !config.empty()) throw CLI::ValidationError("--config", "give one of --config NAME and --peak");
+    if (decode && length) throw CLI::ValidationError("--length", "is for training steps; --decode generates 256 tokens");
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
     qkv::set_num_threads(threads);
+    bench::Config c = peak ? bench::Config{} : bench::config(config);
+    if (length) c.T = length;
+    if (batch && !decode) c.B = batch;
     const auto out = peak     ? run_peak(threads, seconds)
-                     : decode ? run_decode(bench::config(config), batch, !no_cache, threads, seconds)
-                              : run_config(bench::config(config), threads, seconds);
+                     : decode ? run_decode(c, batch ? batch : 1, !no_cache, threads, seconds)
+                              : run_config(c, threads, seconds);
     fmt::print("{}\n", out.dump());
     return 0;
   } catch (const std::exception& e) {

@@ -155,14 +155,20 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--decode", action="store_true", help="time greedy generation of 256 tokens")
-    parser.add_argument("--batch", type=int, default=1, help="sequences generated at once (--decode)")
+    parser.add_argument("--batch", type=int, help="sequences a training step takes (default: the config's), "
+                        "or generated at once (--decode; default 1)")
+    parser.add_argument("--length", type=int, help="sequence length of a training step, instead of the config's")
     parser.add_argument("--no-cache", action="store_true", help="run the whole sequence at every step (--decode)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.decode:
+        if args.length:
+            parser.error("--length is for training steps; --decode generates 256 tokens")
+        args.batch = args.batch or 1
         return decode(args)
     V, D, H, L, T, B = CONFIGS[args.config]
+    T, B = args.length or T, args.batch or B
     base_rss = peak_rss_mb()
     model = BenchModel(V, D, H, L, T)
     model.train()
@@ -183,6 +189,8 @@ def main():
     print(json.dumps({
         "impl": "torch",
         "config": args.config,
+        "length": T,
+        "batch": B,
         "threads": args.threads,
         "steps_per_s": 1.0 / per_step,
         "ms_per_step": 1e3 * per_step,
