@@ -4,11 +4,12 @@
 // meets the blocks of keys one after another:
 //   Sᵀ = K_j Q_iᵀ, then an online softmax down each query's column (its running maximum m and
 //   total l; what came before is rescaled by e^(m_old − m)), O_i += P V_j; at the end O_i /= l,
-//   and the log-sum-exp m + log l is all that is kept for backward besides O.
+//   and m and 1/l are all that is kept for backward besides O.
 // Backward, from dO: D = rowsum(dO ⊙ O); per block of keys, per block of queries that see it,
-//   Pᵀ = e^(scale · Sᵀ − lse) again, dV_j += Pᵀ dO_i, dPᵀ = V_j dO_iᵀ, dSᵀ = scale · Pᵀ ⊙ (dPᵀ − D),
-//   dQ_i += dS K_j, dK_j += dSᵀ Q_i.
-// Memory is linear in the length: no Tq × Tk matrix exists beyond one tile. Under a causal mask
+//   Pᵀ = e^(scale · Sᵀ − m) / l again, dV_j += Pᵀ dO_i, dPᵀ = V_j dO_iᵀ,
+//   dSᵀ = scale · Pᵀ ⊙ (dPᵀ − D), dQ_i += dS K_j, dK_j += dSᵀ Q_i.
+// Memory is linear in the length: no Tq × Tk matrix exists beyond one tile (an arbitrary mask,
+// which is one, is the caller's, and backward keeps a copy). Under a causal mask
 // the tiles above the diagonal are skipped. Scores are transposed (one row per key, one column per
 // query) so that the softmax runs 16 queries side by side (core/kernels.cpp); the products of a
 // tile are kernels libxsmm generated for its sizes (detail::SmallGemm), and Qᵀ and dOᵀ are copied
@@ -207,7 +208,9 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
     return;
   }
   if (saved && keep) saved->weights = Array<T>::from_shape({L.B, L.H, L.Tk, ld});
-  if (saved && !keep) saved->shift = saved->inverse = Array<T>::from_shape({L.B, L.H, L.Tq});
+  // One flat run of B·H·Tq each, indexed through data(): xtensor gives a dimension of size 1 the
+  // stride 0, and a flat index through operator[] would land on the first element.
+  if (saved && !keep) saved->shift = saved->inverse = Array<T>::from_shape({L.B * L.H * L.Tq});
   for_each_head(L, [&](std::size_t b, std::size_t kv) {
     T* Qt = scratch<T>(L.dh * L.Tq + tiles.bk * ld + 3 * ld);
     T *tile = Qt + L.dh * L.Tq, *m = tile + tiles.bk * ld, *l = m + ld, *rescale = l + ld;
@@ -251,8 +254,8 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
           const T inverse = l[c] > 0 ? 1 / l[c] : 0;  // a query that sees nothing: a row of 0
           for (std::size_t e = 0; e < L.dv; ++e) Oi[c * ldo + e] = end > 0 ? Oi[c * ldo + e] * inverse : T(0);
           if (saved) {
-            saved->shift[(b * L.H + h) * L.Tq + i0 + c] = m[c] == minus_inf ? 0 : m[c];
-            saved->inverse[(b * L.H + h) * L.Tq + i0 + c] = inverse;
+            saved->shift.data()[(b * L.H + h) * L.Tq + i0 + c] = m[c] == minus_inf ? 0 : m[c];
+            saved->inverse.data()[(b * L.H + h) * L.Tq + i0 + c] = inverse;
           }
         }
       }
@@ -288,8 +291,8 @@ void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scal
           if (i < L.Tq)
             for (std::size_t e = 0; e < L.dv; ++e) sum += dOh[i * ldo + e] * Oh[i * ldo + e];
           D[i] = sum;
-          shift[i] = i < L.Tq ? saved.shift[row + i] : 0;
-          inverse[i] = i < L.Tq ? saved.inverse[row + i] : 0;
+          shift[i] = i < L.Tq ? saved.shift.data()[row + i] : 0;
+          inverse[i] = i < L.Tq ? saved.inverse.data()[row + i] : 0;
         }
         detail::transpose(Q, L.Tq, L.dh, op[0].ld, Qt);
       }
@@ -342,8 +345,9 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], const La
   }
   auto saved = std::make_shared<Saved<T>>();
   forward(x, op, L, scale, out.data(), saved.get());
-  // Backward computes weights again, under the same mask: a copy, since the caller's may go.
-  auto mask = L.allowed ? std::make_shared<const MaskArray>(allowed) : nullptr;
+  // Backward in tiles computes the weights again, under the same mask: a copy, since the
+  // caller's may go.
+  auto mask = L.allowed && !keeps_weights(L) ? std::make_shared<const MaskArray>(allowed) : nullptr;
   std::vector<const Tensor*> inputs;
   for (const Tensor& t : in) inputs.push_back(&t);
   return record_op<T>(op_name, std::move(out), inputs, [in, op0 = op[0], op1 = op[1], op2 = op[2], L, scale, saved, mask](BackwardContext<T>& ctx) {

@@ -54,7 +54,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // keys 0 … Tk − Tq + i. `allowed` (B, H, Tq, Tk), true = may attend, or 0-d for none. A query
 // that may attend no key gets zeros (and passes no gradient). Past 64 keys it works in tiles
 // (FlashAttention): backward keeps the inputs, the output and two numbers per query, and computes
-// the weights again, so memory grows with T, not T²; up to 64 keys it keeps the weights.
+// the weights again, so memory grows with T, not T² (but for a mask given, which it copies); up
+// to 64 keys it keeps the weights.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t n_heads,
                                     std::size_t n_kv_heads, double scale, bool causal,
                                     const MaskArray& allowed = MaskArray());

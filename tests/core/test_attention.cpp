@@ -72,11 +72,15 @@ TEST_CASE("scaled_dot_product_attention equals a loop reference, with heads, GQA
   };
   // Up to 64 keys the weights are one tile per head, kept for backward; past that, tiles of 64 × 64
   // with the online softmax, computed again in backward: 70 queries make two tiles, the last of 6;
-  // 66 queries against 130 keys put the causal diagonal across tiles.
+  // 66 queries against 130 keys put the causal diagonal along tiles' diagonals 64 keys on, 70
+  // against 130 across tiles (60 on); 70 queries against 66 keys, and a single query with a
+  // gradient, are tiles too.
   for (const Case c : {Case{5, 5, 2, 2, 3, 3, false, false}, Case{5, 5, 4, 2, 3, 2, true, false},
                        Case{3, 6, 3, 1, 4, 2, true, false}, Case{4, 3, 2, 1, 2, 5, false, true},
                        Case{6, 6, 4, 4, 1, 1, true, true}, Case{70, 70, 2, 1, 1, 1, true, false},
-                       Case{66, 130, 2, 2, 1, 2, true, true}, Case{68, 72, 4, 2, 1, 1, false, true}}) {
+                       Case{66, 130, 2, 2, 1, 2, true, true}, Case{70, 130, 2, 1, 1, 2, true, true},
+                       Case{68, 72, 4, 2, 1, 1, false, true}, Case{70, 66, 2, 1, 1, 1, false, false},
+                       Case{1, 100, 2, 1, 2, 2, false, false}}) {
     INFO("Tq " << c.Tq << " Tk " << c.Tk << " H " << c.H << " Hkv " << c.Hkv << " causal " << c.causal << " masked " << c.masked);
     const Tensor q = random_input({2, c.Tq, c.H * c.dh}, gen), k = random_input({2, c.Tk, c.Hkv * c.dh}, gen),
                  v = random_input({2, c.Tk, c.Hkv * c.dv}, gen);
@@ -99,21 +103,26 @@ TEST_CASE("scaled_dot_product_attention equals a loop reference, with heads, GQA
 }
 
 TEST_CASE("scaled_dot_product_attention on packed qkv equals it on q, k and v apart") {
+  for (const std::size_t T : {5, 70}) {  // one tile; tiles
+    INFO("T " << T);
+    Generator gen(6);
+    const std::size_t H = 4, Hkv = 2, dh = 3, dv = 2, width = H * dh + Hkv * (dh + dv);
+    const Tensor qkv = random_input({2, T, width}, gen);
+    const auto part = [&](std::size_t from, std::size_t to) { return slice(qkv, -1, std::int64_t(from), std::int64_t(to)); };
+    const Tensor w = random_input({2, T, H * dv}, gen, false);
+    const Tensor packed = scaled_dot_product_attention(qkv, H, Hkv, dh, dv, 0.6, true);
+    sum(packed * w).backward();
+    const Array<double> packed_grad = qkv.grad().value<double>();
+    qkv.grad().mutable_value<double>().fill(0);
+    const Tensor apart = scaled_dot_product_attention(part(0, H * dh), part(H * dh, (H + Hkv) * dh), part((H + Hkv) * dh, width),
+                                                      H, Hkv, 0.6, true);
+    check_close(packed, apart.value<double>(), 1e-15);
+    sum(apart * w).backward();
+    check_close(qkv.grad(), packed_grad, 1e-15);
+  }
   Generator gen(6);
-  const std::size_t H = 4, Hkv = 2, dh = 3, dv = 2, width = H * dh + Hkv * (dh + dv);
-  const Tensor qkv = random_input({2, 5, width}, gen);
-  const auto part = [&](std::size_t from, std::size_t to) { return slice(qkv, -1, std::int64_t(from), std::int64_t(to)); };
-  const Tensor w = random_input({2, 5, H * dv}, gen, false);
-  const Tensor packed = scaled_dot_product_attention(qkv, H, Hkv, dh, dv, 0.6, true);
-  sum(packed * w).backward();
-  const Array<double> packed_grad = qkv.grad().value<double>();
-  qkv.grad().mutable_value<double>().fill(0);
-  const Tensor apart = scaled_dot_product_attention(part(0, H * dh), part(H * dh, (H + Hkv) * dh), part((H + Hkv) * dh, width),
-                                                    H, Hkv, 0.6, true);
-  check_close(packed, apart.value<double>(), 1e-15);
-  sum(apart * w).backward();
-  check_close(qkv.grad(), packed_grad, 1e-15);
-  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(qkv, H, Hkv, dh, dv + 1, 0.6, true); }),
+  const Tensor qkv = random_input({2, 5, 22}, gen);
+  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(qkv, 4, 2, 3, 3, 0.6, true); }),
              Contains("packed qkv of shape (2,5,22) must be (B, T, H·d_head + Hkv·(d_head + d_v)) = (B, T, 4·3 + 2·(3 + 3))"));
 }
 
@@ -164,23 +173,23 @@ TEST_CASE("scaled_dot_product_attention's float32 kernels match float64, values 
 
 TEST_CASE("scaled_dot_product_attention gives bit-identical results and gradients on 1 and 2 threads") {
   for (const std::size_t T : {16, 150}) {  // weights kept; tiles
-  INFO("T " << T);
-  Generator gen(5);
-  const Tensor q = random_input({3, T, 32}, gen).to(DType::float32).detach().requires_grad_(),
-               k = random_input({3, T, 16}, gen).to(DType::float32).detach().requires_grad_(),
-               v = random_input({3, T, 16}, gen).to(DType::float32).detach().requires_grad_();
-  const Tensor w = randn({3, T, 32}, DType::float32, gen);
-  std::vector<Array<float>> results;
-  for (std::size_t threads : {1, 2}) {
-    set_num_threads(threads);
-    for (Tensor t : {q, k, v}) t.zero_grad();
-    const Tensor y = scaled_dot_product_attention(q, k, v, 4, 2, 0.25, true);
-    sum(y * w).backward();
-    results.push_back(y.value<float>());
-    for (const Tensor& t : {q, k, v}) results.push_back(t.grad().value<float>());
-  }
-  set_num_threads(1);
-  for (std::size_t i = 0; i < 4; ++i) CHECK(bool(results[i] == results[i + 4]));
+    INFO("T " << T);
+    Generator gen(5);
+    const Tensor q = random_input({3, T, 32}, gen).to(DType::float32).detach().requires_grad_(),
+                 k = random_input({3, T, 16}, gen).to(DType::float32).detach().requires_grad_(),
+                 v = random_input({3, T, 16}, gen).to(DType::float32).detach().requires_grad_();
+    const Tensor w = randn({3, T, 32}, DType::float32, gen);
+    std::vector<Array<float>> results;
+    for (std::size_t threads : {1, 2}) {
+      set_num_threads(threads);
+      for (Tensor t : {q, k, v}) t.zero_grad();
+      const Tensor y = scaled_dot_product_attention(q, k, v, 4, 2, 0.25, true);
+      sum(y * w).backward();
+      results.push_back(y.value<float>());
+      for (const Tensor& t : {q, k, v}) results.push_back(t.grad().value<float>());
+    }
+    set_num_threads(1);
+    for (std::size_t i = 0; i < 4; ++i) CHECK(bool(results[i] == results[i + 4]));
   }
 }
 
@@ -204,27 +213,31 @@ TEST_CASE("scaled_dot_product_attention rejects bad shapes, naming them") {
 
 TEST_CASE("cached_attention reads keys and values in place from buffers with room, as the reference attends them") {
   Generator gen(12);
-  const std::size_t B = 2, H = 4, Hkv = 2, dh = 3, dv = 2, capacity = 9, length = 7, Tk = length;
-  for (DType dtype : {DType::float64, DType::float32}) {
-    for (std::size_t Tq : {1, 3}) {
-      for (bool masked : {false, true}) {
-        INFO(dtype_name(dtype) << " Tq " << Tq << " masked " << masked);
-        // Rows past `length` of the buffers hold junk.
-        const Tensor wide = random_input({B, Tq, H * dh}, gen, false);
-        const Tensor keys = random_input({B, capacity, Hkv * dh}, gen, false), values = random_input({B, capacity, Hkv * dv}, gen, false);
-        MaskArray allowed;
-        if (masked) {
-          allowed = xt::ones<bool>(Shape{B, H, Tq, Tk});
-          allowed(1, 2, 0, 3) = false;
-          for (std::size_t j = 0; j < Tk; ++j) allowed(0, 1, Tq - 1, j) = false;  // a query that sees nothing
+  const std::size_t B = 2, H = 4, Hkv = 2, dh = 3, dv = 2;
+  // 7 keys: one tile; 130 keys and 128 queries: tiles, batch entries 150 rows apart.
+  for (const auto& [capacity, length] : std::vector<std::pair<std::size_t, std::size_t>>{{9, 7}, {150, 130}}) {
+    for (DType dtype : {DType::float64, DType::float32}) {
+      for (std::size_t Tq : {std::size_t(1), std::size_t(3), length - 2}) {
+        for (bool masked : {false, true}) {
+          const std::size_t Tk = length;
+          INFO(dtype_name(dtype) << " length " << length << " Tq " << Tq << " masked " << masked);
+          // Rows past `length` of the buffers hold junk.
+          const Tensor wide = random_input({B, Tq, H * dh}, gen, false);
+          const Tensor keys = random_input({B, capacity, Hkv * dh}, gen, false), values = random_input({B, capacity, Hkv * dv}, gen, false);
+          MaskArray allowed;
+          if (masked) {
+            allowed = xt::ones<bool>(Shape{B, H, Tq, Tk});
+            allowed(1, 2, 0, 3) = false;
+            for (std::size_t j = 0; j < Tk; ++j) allowed(0, 1, Tq - 1, j) = false;  // a query that sees nothing
+          }
+          NoGradGuard no_grad;
+          const Tensor y = detail::cached_attention(wide.to(dtype), keys.to(dtype), values.to(dtype), length, H, Hkv, 0.6,
+                                                    true, allowed);
+          const Array<double> q = wide.value<double>();
+          const Array<double> k = xt::view(keys.value<double>(), xt::all(), xt::range(0, length), xt::all());
+          const Array<double> v = xt::view(values.value<double>(), xt::all(), xt::range(0, length), xt::all());
+          check_close(y.to(DType::float64), reference(q, k, v, H, Hkv, 0.6, true, allowed), dtype == DType::float64 ? 1e-12 : 1e-5);
         }
-        NoGradGuard no_grad;
-        const Tensor y = detail::cached_attention(wide.to(dtype), keys.to(dtype), values.to(dtype), length, H, Hkv, 0.6,
-                                                  true, allowed);
-        const Array<double> q = wide.value<double>();
-        const Array<double> k = xt::view(keys.value<double>(), xt::all(), xt::range(0, length), xt::all());
-        const Array<double> v = xt::view(values.value<double>(), xt::all(), xt::range(0, length), xt::all());
-        check_close(y.to(DType::float64), reference(q, k, v, H, Hkv, 0.6, true, allowed), dtype == DType::float64 ? 1e-12 : 1e-5);
       }
     }
   }
