@@ -149,26 +149,41 @@ struct Saved {
   Array<T> weights, shift, inverse;  // Arrays, since a vector would spend time zeroing them
 };
 
-// The tile of keys [j0, j0 + nk) against queries [i0, i0 + nq): each column's visible keys
-// within the tile, 16 columns from c0 (0 past the queries).
-void tile_limits(const Layout& L, std::size_t i0, std::size_t nq, std::size_t c0, std::size_t j0, std::size_t nk,
-                 std::int32_t* limits) {
-  for (std::size_t c = 0; c < detail::softmax_lanes; ++c) {
-    const std::size_t end = c0 + c < nq ? L.limit(i0 + c0 + c) : 0;
-    limits[c] = std::int32_t(end > j0 ? std::min(end - j0, nk) : 0);
+// How many of the keys [j0, j0 + nk) query i may see, before the `allowed` mask: a prefix.
+std::size_t visible(const Layout& L, std::size_t i, std::size_t j0, std::size_t nk) {
+  const std::size_t end = L.limit(i);
+  return end > j0 ? std::min(end - j0, nk) : 0;
+}
+
+// Runs f(c0, limits) for each block of 16 columns of the tile of keys [j0, j0 + nk) against
+// queries [i0, i0 + nq), limits being each column's visible keys within the tile (0 past the
+// queries): what the softmax kernels take.
+template <class F>
+void by_columns(const Layout& L, std::size_t i0, std::size_t nq, std::size_t j0, std::size_t nk, F&& f) {
+  std::int32_t limits[detail::softmax_lanes];
+  for (std::size_t c0 = 0; c0 < nq; c0 += detail::softmax_lanes) {
+    for (std::size_t c = 0; c < detail::softmax_lanes; ++c)
+      limits[c] = std::int32_t(c0 + c < nq ? visible(L, i0 + c0 + c, j0, nk) : 0);
+    f(c0, limits);
   }
 }
 
 // With an arbitrary mask, a tile's hidden scores become −inf, the others scaled (scaled before, so
-// that no scale multiplies an infinity); the softmax then runs with scale 1.
+// that no scale multiplies an infinity); the softmax then runs with scale 1 (softmax_scale).
 template <class T>
 void mask_tile(T* S, std::size_t ld, const Layout& L, std::size_t b, std::size_t h, std::size_t i0, std::size_t nq,
                std::size_t j0, std::size_t nk, T scale) {
   for (std::size_t c = 0; c < nq; ++c) {
     const bool* ok = L.allowed_row(b, h, i0 + c) + j0;
-    const std::size_t end = L.limit(i0 + c), n = end > j0 ? std::min(end - j0, nk) : 0;
+    const std::size_t n = visible(L, i0 + c, j0, nk);
     for (std::size_t j = 0; j < n; ++j) S[j * ld + c] = ok[j] ? S[j * ld + c] * scale : -std::numeric_limits<T>::infinity();
   }
+}
+
+// The scale the softmax kernels apply: 1 when mask_tile scaled the scores already.
+template <class T>
+T softmax_scale(const Layout& L, T scale) {
+  return L.allowed ? T(1) : scale;
 }
 
 // The first query that sees key j0.
@@ -184,13 +199,8 @@ void single_query(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T 
     T* s = scratch<T>(L.Tk);
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
       scores(x.K + x.k(b, kv, L), x.Q + x.q(b, h, L), s);
-      T shown = scale;
-      if (L.allowed) {
-        const bool* ok = L.allowed_row(b, h, 0);
-        for (std::size_t j = 0; j < L.limit(0); ++j) s[j] = ok[j] ? s[j] * scale : -std::numeric_limits<T>::infinity();
-        shown = 1;
-      }
-      detail::softmax_row(s, L.Tk, L.limit(0), shown);
+      if (L.allowed) mask_tile(s, 1, L, b, h, 0, 1, 0, L.Tk, scale);
+      detail::softmax_row(s, L.Tk, L.limit(0), softmax_scale(L, scale));
       mix(s, x.V + x.v(b, kv, L), O + b * L.H * L.dv + h * L.dv);
     }
   });
@@ -200,9 +210,9 @@ void single_query(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T 
 template <class T>
 void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale, T* O, Saved<T>* saved) {
   const Tiles<T> tiles(L, op);
-  const std::size_t ldo = L.H * L.dv, ld = tiles.ld, lanes = detail::softmax_lanes;
+  const std::size_t ldo = L.H * L.dv, ld = tiles.ld;
   const bool keep = keeps_weights(L);
-  const T shown = L.allowed ? T(1) : scale, minus_inf = -std::numeric_limits<T>::infinity();
+  const T shown = softmax_scale(L, scale), minus_inf = -std::numeric_limits<T>::infinity();
   if (L.Tq == 0 || L.Tk == 0) {  // no tile: queries that see no key get zeros
     std::fill(O, O + L.B * L.Tq * ldo, T(0));
     return;
@@ -214,7 +224,6 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
   for_each_head(L, [&](std::size_t b, std::size_t kv) {
     T* Qt = scratch<T>(L.dh * L.Tq + tiles.bk * ld + 3 * ld);
     T *tile = Qt + L.dh * L.Tq, *m = tile + tiles.bk * ld, *l = m + ld, *rescale = l + ld;
-    std::int32_t limits[detail::softmax_lanes];
     const T *K = x.K + x.k(b, kv, L), *V = x.V + x.v(b, kv, L);
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
       detail::transpose(x.Q + x.q(b, h, L), L.Tq, L.dh, op[0].ld, Qt);
@@ -224,10 +233,9 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
         const TileProducts<T>& p = tiles(L.Tk, L.Tq);
         p.scores(K, Qt, S);
         if (L.allowed) mask_tile(S, ld, L, b, h, 0, L.Tq, 0, L.Tk, scale);
-        for (std::size_t c0 = 0; c0 < L.Tq; c0 += lanes) {
-          tile_limits(L, 0, L.Tq, c0, 0, L.Tk, limits);
+        by_columns(L, 0, L.Tq, 0, L.Tk, [&](std::size_t c0, const std::int32_t* limits) {
           detail::softmax_columns(S + c0, ld, L.Tk, limits, shown);
-        }
+        });
         p.mix_set(S, V, Oh);
         continue;
       }
@@ -241,10 +249,9 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
           const TileProducts<T>& p = tiles(nk, nq);
           p.scores(K + j0 * op[1].ld, Qt + i0, tile);
           if (L.allowed) mask_tile(tile, ld, L, b, h, i0, nq, j0, nk, scale);
-          for (std::size_t c0 = 0; c0 < nq; c0 += lanes) {
-            tile_limits(L, i0, nq, c0, j0, nk, limits);
+          by_columns(L, i0, nq, j0, nk, [&](std::size_t c0, const std::int32_t* limits) {
             detail::online_softmax_columns(tile + c0, ld, nk, limits, shown, m + c0, l + c0, rescale + c0);
-          }
+          });
           if (j0 > 0)
             for (std::size_t c = 0; c < nq; ++c)
               for (std::size_t e = 0; e < L.dv; ++e) Oi[c * ldo + e] *= rescale[c];
@@ -270,14 +277,13 @@ template <class T>
 void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale, const Saved<T>& saved,
               const T* O, const T* dO, T* dQ, T* dK, T* dV) {
   const Tiles<T> tiles(L, op);
-  const std::size_t ldo = L.H * L.dv, ld = tiles.ld, lanes = detail::softmax_lanes, Tq_padded = padded(L.Tq);
+  const std::size_t ldo = L.H * L.dv, ld = tiles.ld, Tq_padded = padded(L.Tq);
   const bool keep = keeps_weights(L);
-  const T shown = L.allowed ? T(1) : scale;
+  const T shown = softmax_scale(L, scale);
   for_each_head(L, [&](std::size_t b, std::size_t kv) {
     T* Qt = scratch<T>((L.dh + L.dv) * L.Tq + 2 * tiles.bk * ld + 3 * Tq_padded);
     T *dOt = Qt + L.dh * L.Tq, *tile = dOt + L.dv * L.Tq, *dS = tile + tiles.bk * ld, *D = dS + tiles.bk * ld,
       *shift = D + Tq_padded, *inverse = shift + Tq_padded;
-    std::int32_t limits[detail::softmax_lanes];
     const T *K = x.K + x.k(b, kv, L), *V = x.V + x.v(b, kv, L);
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
       const T *Q = x.Q + x.q(b, h, L), *dOh = dO + b * L.Tq * ldo + h * L.dv;
@@ -296,7 +302,7 @@ void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scal
         }
         detail::transpose(Q, L.Tq, L.dh, op[0].ld, Qt);
       }
-      detail::transpose(dOh, L.Tq, L.dv, ldo, dOt);
+      if (dQ || dK) detail::transpose(dOh, L.Tq, L.dv, ldo, dOt);  // for dPᵀ, which only they need
       for (std::size_t j0 = 0; j0 < L.Tk; j0 += tiles.bk) {
         const std::size_t nk = std::min(tiles.bk, L.Tk - j0), start = first_query(L, j0) / tiles.bq * tiles.bq;
         for (std::size_t i0 = start; i0 < L.Tq; i0 += tiles.bq) {
@@ -307,19 +313,17 @@ void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scal
           if (!keep) {
             p.scores(K + j0 * op[1].ld, Qt + i0, tile);
             if (L.allowed) mask_tile(tile, ld, L, b, h, i0, nq, j0, nk, scale);
-            for (std::size_t c0 = 0; c0 < nq; c0 += lanes) {
-              tile_limits(L, i0, nq, c0, j0, nk, limits);
+            by_columns(L, i0, nq, j0, nk, [&](std::size_t c0, const std::int32_t* limits) {
               detail::softmax_again_columns(tile + c0, ld, nk, limits, shown, shift + i0 + c0, inverse + i0 + c0);
-            }
+            });
           }
           if (dV) (first_k ? p.dv_set : p.dv_add)(P, dOh + i0 * ldo, dV + x.v(b, kv, L) + j0 * op[2].ld);
           if (!dQ && !dK) continue;
           p.dp(V + j0 * op[2].ld, dOt + i0, dS);
           // dSᵀ: a kept tile is every key a query sees, and sums P ⊙ dP itself; otherwise D is that sum.
-          for (std::size_t c0 = 0; c0 < nq; c0 += lanes) {
-            tile_limits(L, i0, nq, c0, j0, nk, limits);
+          by_columns(L, i0, nq, j0, nk, [&](std::size_t c0, const std::int32_t* limits) {
             detail::softmax_backward_columns(P + c0, dS + c0, ld, nk, limits, scale, keep ? nullptr : D + i0 + c0);
-          }
+          });
           if (dQh) (j0 == 0 ? p.dq_set : p.dq_add)(dS, K + j0 * op[1].ld, dQh + i0 * op[0].ld);
           if (dK) (first_k ? p.dk_set : p.dk_add)(dS, Q + i0 * op[0].ld, dK + x.k(b, kv, L) + j0 * op[1].ld);
         }

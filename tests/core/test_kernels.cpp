@@ -104,14 +104,18 @@ void check_online_softmax() {
       x[j * ld + c] = c == 5 ? -inf : T(std::sin(0.9 * double(j) + 1.7 * double(c)) * 6);
       d[j * ld + c] = T(std::cos(0.5 * double(j) - double(c)));
     }
+  // Each column's visible rows within block b.
+  const auto limits_in_block = [&](std::size_t b, std::int32_t* out) {
+    for (std::size_t c = 0; c < lanes; ++c)
+      out[c] = std::int32_t(std::clamp<std::int64_t>(limits[c] - std::int64_t(cuts[b]), 0, std::int64_t(cuts[b + 1] - cuts[b])));
+  };
   T max[16], total[16], rescale[16], carried[16] = {};
   std::fill(max, max + lanes, -inf);
   std::fill(total, total + lanes, T(0));
   std::vector<T> online = x;
   for (std::size_t b = 0; b + 1 < std::size(cuts); ++b) {
     std::int32_t block_limits[16];
-    for (std::size_t c = 0; c < lanes; ++c)
-      block_limits[c] = std::int32_t(std::clamp<std::int64_t>(limits[c] - std::int64_t(cuts[b]), 0, std::int64_t(cuts[b + 1] - cuts[b])));
+    limits_in_block(b, block_limits);
     T* block = online.data() + cuts[b] * ld;
     detail::online_softmax_columns(block, ld, cuts[b + 1] - cuts[b], block_limits, scale, max, total, rescale);
     for (std::size_t c = 0; c < lanes; ++c) {
@@ -128,8 +132,7 @@ void check_online_softmax() {
   }
   for (std::size_t b = 0; b + 1 < std::size(cuts); ++b) {
     std::int32_t block_limits[16];
-    for (std::size_t c = 0; c < lanes; ++c)
-      block_limits[c] = std::int32_t(std::clamp<std::int64_t>(limits[c] - std::int64_t(cuts[b]), 0, std::int64_t(cuts[b + 1] - cuts[b])));
+    limits_in_block(b, block_limits);
     detail::softmax_again_columns(again.data() + cuts[b] * ld, ld, cuts[b + 1] - cuts[b], block_limits, scale, shift, inverse);
   }
   const double tol = std::is_same_v<T, float> ? 2e-6 : 1e-14;
@@ -160,8 +163,7 @@ void check_online_softmax() {
   detail::softmax_backward_columns(whole.data(), computed.data(), ld, rows, limits, scale);
   for (std::size_t b = 0; b + 1 < std::size(cuts); ++b) {
     std::int32_t block_limits[16];
-    for (std::size_t c = 0; c < lanes; ++c)
-      block_limits[c] = std::int32_t(std::clamp<std::int64_t>(limits[c] - std::int64_t(cuts[b]), 0, std::int64_t(cuts[b + 1] - cuts[b])));
+    limits_in_block(b, block_limits);
     detail::softmax_backward_columns(whole.data() + cuts[b] * ld, given.data() + cuts[b] * ld, ld, cuts[b + 1] - cuts[b],
                                      block_limits, scale, dots.data());
   }
