@@ -22,26 +22,33 @@ bool is_suffix(const Shape& shape, const Shape& of) {
 }
 
 // input_i.grad += g summed back to the input's shape: over the leading dimensions broadcasting
-// added, and over the dimensions where the input had size 1.
-template <class T, class E>
-void accumulate_broadcast(BackwardContext<T>& ctx, std::size_t i, E&& g, const Shape& shape) {
-  if (!ctx.needs(i)) return;
+// added, and over the dimensions where the input had size 1. One body for every gradient
+// expression, which arrives evaluated.
+template <class T>
+void accumulate_summed(BackwardContext<T>& ctx, std::size_t i, const Array<T>& g, const Shape& shape) {
   const Shape g_shape = to_shape(g.shape());
-  if (g_shape == shape) return ctx.accumulate(i, std::forward<E>(g));
-  if constexpr (std::is_same_v<std::decay_t<E>, Array<T>>) {
-    if (is_suffix(shape, g_shape)) {  // summed over whole leading dimensions: down the rows, in order
-      Array<T> summed = xt::zeros<T>(shape);
-      detail::add_column_sums(g.data(), g.size() / summed.size(), summed.size(), summed.data());
-      return ctx.accumulate(i, std::move(summed));
-    }
+  if (is_suffix(shape, g_shape)) {  // summed over whole leading dimensions: down the rows, in order
+    Array<T> summed = xt::zeros<T>(shape);
+    detail::add_column_sums(g.data(), g.size() / summed.size(), summed.size(), summed.data());
+    return ctx.accumulate(i, std::move(summed));
   }
   const std::size_t lead = g_shape.size() - shape.size();
   std::vector<std::size_t> axes;
   for (std::size_t d = 0; d < g_shape.size(); ++d)
     if (d < lead || (shape[d - lead] == 1 && g_shape[d] != 1)) axes.push_back(d);
-  Array<T> summed = xt::sum(std::forward<E>(g), axes, xt::keep_dims | xt::evaluation_strategy::immediate);
+  Array<T> summed = xt::sum(g, axes, xt::keep_dims | xt::evaluation_strategy::immediate);
   summed.reshape(shape);
   ctx.accumulate(i, std::move(summed));
+}
+
+template <class T, class E>
+void accumulate_broadcast(BackwardContext<T>& ctx, std::size_t i, E&& g, const Shape& shape) {
+  if (!ctx.needs(i)) return;
+  if (to_shape(g.shape()) == shape) return ctx.accumulate(i, std::forward<E>(g));
+  if constexpr (std::is_same_v<std::decay_t<E>, Array<T>>)
+    accumulate_summed(ctx, i, g, shape);
+  else
+    accumulate_summed(ctx, i, Array<T>(std::forward<E>(g)), shape);
 }
 
 // The four binary ops differ in their forward expression and two gradient expressions, which get
