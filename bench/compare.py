@@ -7,7 +7,7 @@
                      [--length-config long] [--length-tokens 4096]
 
 First the machine's sgemm rate (qkv-bench --peak, the best of 512-2048 square products through
-OpenBLAS); then, per config, `rounds` rounds of qkv and PyTorch, alternating, so that both see
+OpenBLAS, and on x86-64 the FMA limit of the cores, which no product can pass); then, per config, `rounds` rounds of qkv and PyTorch, alternating, so that both see
 the same machine. Each cell is the median over rounds. Then the decoding table: greedy generation
 of 256 tokens per sequence from the decode configs' models, for each batch size, with the KV
 cache and without (--decode-configs "" leaves it out). Then, with --lengths, the length table: one
@@ -63,6 +63,8 @@ def main():
     seconds = ["--seconds", str(args.seconds)]
     peak_run = run_json([args.bench, "--peak", *threads, *seconds], env)
     peak = peak_run["gflops"]
+    # What the cores' FMA units allow (x86-64 only): the ceiling over the sgemm peak.
+    fma = f"; FMA limit {peak_run['fma_gflops']:.0f} GFLOP/s" if "fma_gflops" in peak_run else ""
     # Both sides get the same OpenBLAS kernels: those qkv chose (it replaces OpenBLAS's SSE3
     # fallback on CPUs that this OpenBLAS does not know).
     env.setdefault("OPENBLAS_CORETYPE", peak_run["blas"])
@@ -113,7 +115,7 @@ def main():
                 torch_version = runs["torch"][0]["torch"]
                 decode_rows.append((name, runs["qkv"][0]["params"], batch, cache, med["qkv"], med["torch"]))
     print(f"{datetime.date.today().isoformat()}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads, "
-          f"PyTorch {torch_version}, OpenBLAS kernels {env['OPENBLAS_CORETYPE']}; sgemm peak {peak:.0f} GFLOP/s; median of {args.rounds} rounds of "
+          f"PyTorch {torch_version}, OpenBLAS kernels {env['OPENBLAS_CORETYPE']}; sgemm peak {peak:.0f} GFLOP/s{fma}; median of {args.rounds} rounds of "
           f"{args.seconds:g} s\n")
     if rows:
         print("| config | params | qkv steps/s | PyTorch steps/s | qkv / PyTorch | qkv GFLOP/s (% peak) "

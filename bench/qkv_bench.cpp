@@ -11,6 +11,7 @@
 //   qkv-bench --config tiny [--threads N] [--seconds S]  -> one JSON line
 //   qkv-bench --decode --config small --batch 1 [--no-cache] [--threads N] [--seconds S]
 //   qkv-bench --peak [--threads N] [--seconds S]         -> the machine's sgemm rate, one JSON line
+//                                                           (and, on x86-64, its cores' FMA limit)
 #include <cblas.h>
 #include <sys/resource.h>
 
@@ -19,6 +20,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -189,7 +191,56 @@ nlohmann::ordered_json run_decode(const bench::Config& c, std::size_t batch, boo
   return out;
 }
 
-// The best sgemm rate over square sizes, with OpenBLAS's own `threads` threads.
+#if defined(__x86_64__)
+// `rounds` rounds of 12 independent fused multiply-adds on 512-bit (zmm) or 256-bit (ymm)
+// registers, nothing loaded or stored: 12 chains hide the FMA latency on two pipes, so the time is
+// the core's arithmetic limit. Written in assembly so that no compiler spills an accumulator.
+#define QKV_FMA_ROUNDS(reg)                                                                          \
+  asm volatile("1:\n\t"                                                                              \
+               "vfmadd231ps %%" reg "14, %%" reg "15, %%" reg "0\n\tvfmadd231ps %%" reg "14, %%" reg "15, %%" reg "1\n\t"   \
+               "vfmadd231ps %%" reg "14, %%" reg "15, %%" reg "2\n\tvfmadd231ps %%" reg "14, %%" reg "15, %%" reg "3\n\t"   \
+               "vfmadd231ps %%" reg "14, %%" reg "15, %%" reg "4\n\tvfmadd231ps %%" reg "14, %%" reg "15, %%" reg "5\n\t"   \
+               "vfmadd231ps %%" reg "14, %%" reg "15, %%" reg "6\n\tvfmadd231ps %%" reg "14, %%" reg "15, %%" reg "7\n\t"   \
+               "vfmadd231ps %%" reg "14, %%" reg "15, %%" reg "8\n\tvfmadd231ps %%" reg "14, %%" reg "15, %%" reg "9\n\t"   \
+               "vfmadd231ps %%" reg "14, %%" reg "15, %%" reg "10\n\tvfmadd231ps %%" reg "14, %%" reg "15, %%" reg "11\n\t" \
+               "dec %0\n\tjnz 1b"                                                                     \
+               : "+r"(rounds)                                                                        \
+               :                                                                                     \
+               : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "cc")
+
+void fma_rounds_zmm(long rounds) { QKV_FMA_ROUNDS("zmm"); }
+void fma_rounds_ymm(long rounds) { QKV_FMA_ROUNDS("ymm"); }
+#undef QKV_FMA_ROUNDS
+
+// The float32 FLOP rate of `threads` cores each running FMAs of the widest vectors they have, at
+// once for about `seconds`; 0 where the CPU has no FMA.
+double fma_limit(std::size_t threads, double seconds) {
+  const bool zmm = __builtin_cpu_supports("avx512f"), ymm = __builtin_cpu_supports("fma");
+  if (!zmm && !ymm) return 0;
+  const auto run = zmm ? fma_rounds_zmm : fma_rounds_ymm;
+  const double flops_per_round = 12.0 * (zmm ? 16 : 8) * 2;
+  const auto t0 = Clock::now();
+  run(1'000'000);
+  const long rounds = std::max(1L, long(1e6 * seconds / std::max(seconds_since(t0), 1e-6)));
+  std::vector<double> rates(threads);
+  std::vector<std::thread> workers;
+  for (std::size_t t = 0; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      const auto start = Clock::now();
+      run(rounds);
+      rates[t] = flops_per_round * double(rounds) / seconds_since(start) / 1e9;
+    });
+  for (std::thread& w : workers) w.join();
+  double total = 0;
+  for (const double r : rates) total += r;
+  return total;
+}
+#else
+double fma_limit(std::size_t, double) { return 0; }
+#endif
+
+// The best sgemm rate over square sizes, with OpenBLAS's own `threads` threads; and on x86-64 the
+// rate the cores' FMA units allow, which no product exceeds.
 nlohmann::ordered_json run_peak(std::size_t threads, double seconds) {
   openblas_set_num_threads(int(threads));
   nlohmann::ordered_json out;
@@ -207,6 +258,7 @@ nlohmann::ordered_json run_peak(std::size_t threads, double seconds) {
     best = std::max(best, gflops);
   }
   out["gflops"] = best;
+  if (const double limit = fma_limit(threads, std::min(1.0, seconds / 4)); limit > 0) out["fma_gflops"] = limit;
   out["blas"] = blas_kernels();
   return out;
 }
