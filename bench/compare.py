@@ -7,12 +7,13 @@
                      [--length-config long] [--length-tokens 4096]
 
 First the machine's sgemm rate (qkv-bench --peak, the best of 512-2048 square products through
-OpenBLAS, and on x86-64 the FMA limit of the cores, which no product can pass); then, per config, `rounds` rounds of qkv and PyTorch, alternating, so that both see
-the same machine. Each cell is the median over rounds. Then the decoding table: greedy generation
-of 256 tokens per sequence from the decode configs' models, for each batch size, with the KV
-cache and without (--decode-configs "" leaves it out). Then, with --lengths, the length table: one
-model (--length-config) trained at each length T on batches of --length-tokens / T sequences, so
-that every step holds the same tokens and only attention's share of the work grows with T.
+OpenBLAS, and on x86-64 the FMA limit of the cores, which no product can pass); then, per config,
+`rounds` rounds of qkv and PyTorch, alternating, so that both see the same machine. Each cell is
+the median over rounds. Then the decoding table: greedy generation of 256 tokens per sequence from
+the decode configs' models, for each batch size, with the KV cache and without (--decode-configs
+"" leaves it out). Then, with --lengths, the length table: one model (--length-config) trained at
+each length T on batches of --length-tokens / T sequences, so that every step holds the same
+tokens and only attention's share of the work grows with T.
 """
 import argparse
 import datetime

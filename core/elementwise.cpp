@@ -29,7 +29,8 @@ void accumulate_summed(BackwardContext<T>& ctx, std::size_t i, const Array<T>& g
   const Shape g_shape = to_shape(g.shape());
   if (is_suffix(shape, g_shape)) {  // summed over whole leading dimensions: down the rows, in order
     Array<T> summed = xt::zeros<T>(shape);
-    detail::add_column_sums(g.data(), g.size() / summed.size(), summed.size(), summed.data());
+    if (summed.size() > 0)  // an empty row: nothing to sum
+      detail::add_column_sums(g.data(), g.size() / summed.size(), summed.size(), summed.data());
     return ctx.accumulate(i, std::move(summed));
   }
   const std::size_t lead = g_shape.size() - shape.size();

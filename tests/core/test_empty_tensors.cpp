@@ -33,6 +33,10 @@ TEST_CASE("elementwise ops and masked_fill on tensors with a zero dimension") {
     check_empty_op([](const auto& in) { return in[0] + in[1]; }, {empty({0, 3}, dtype), empty({3}, dtype)}, {0, 3});
     check_empty_op([](const auto& in) { return in[0] * in[1]; }, {empty({2, 0}, dtype), empty({2, 1}, dtype)}, {2, 0});
     check_empty_op([](const auto& in) { return in[0] / (in[1] + 1.0); }, {empty({0}, dtype), empty({0}, dtype)}, {0});
+    // An empty row broadcast over rows: its gradient is a sum down rows of nothing.
+    check_empty_op([](const auto& in) { return in[0] + in[1]; }, {empty({3, 0}, dtype), empty({0}, dtype)}, {3, 0});
+    check_empty_op([](const auto& in) { return in[0] * in[1]; }, {empty({3, 0}, dtype), empty({0}, dtype)}, {3, 0});
+    check_empty_op([](const auto& in) { return in[1] - in[0]; }, {empty({2, 3, 0}, dtype), empty({0}, dtype)}, {2, 3, 0});
     for (auto unary : {+[](const Tensor& x) { return exp(x); }, +[](const Tensor& x) { return tanh(x); },
                        +[](const Tensor& x) { return gelu(x); }, +[](const Tensor& x) { return relu(x); },
                        +[](const Tensor& x) { return sqrt(x + 1.0); }, +[](const Tensor& x) { return pow(x, 3); }})
