@@ -46,10 +46,7 @@ template <class T, class E>
 void accumulate_broadcast(BackwardContext<T>& ctx, std::size_t i, E&& g, const Shape& shape) {
   if (!ctx.needs(i)) return;
   if (to_shape(g.shape()) == shape) return ctx.accumulate(i, std::forward<E>(g));
-  if constexpr (std::is_same_v<std::decay_t<E>, Array<T>>)
-    accumulate_summed(ctx, i, g, shape);
-  else
-    accumulate_summed(ctx, i, Array<T>(std::forward<E>(g)), shape);
+  accumulate_summed<T>(ctx, i, std::forward<E>(g), shape);  // an expression evaluated, an array as it is
 }
 
 // The four binary ops differ in their forward expression and two gradient expressions, which get

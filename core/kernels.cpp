@@ -55,14 +55,14 @@ QKV_INLINE void exp_approx(Floats& x) {
   x = underflow ? zero : p * scale;
 }
 
-// The rows column c of a block sees: its limit, within [0, rows] (float64, column by column).
-std::size_t column_rows(std::size_t rows, const std::int32_t* limits, std::size_t c) {
-  return std::min<std::size_t>(rows, std::size_t(std::max(0, limits[c])));
+// A column's limit within [0, rows]: the rows it sees (float64 runs column by column).
+QKV_INLINE std::size_t rows_within(std::size_t rows, std::int32_t limit) {
+  return std::min<std::size_t>(rows, std::size_t(std::max(0, limit)));
 }
 
 // Rows [0, used) hold every entry a block's columns may see: the largest limit, at most rows.
 QKV_INLINE std::size_t used_rows(std::size_t rows, const std::int32_t* limits) {
-  return std::min<std::size_t>(rows, std::size_t(std::max(0, *std::max_element(limits, limits + lanes))));
+  return rows_within(rows, *std::max_element(limits, limits + lanes));
 }
 
 // The first two passes of a block's softmax over rows [0, used): visible entries scaled and the
@@ -134,7 +134,7 @@ QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t l
 // float64: the same steps, column by column, with std::exp.
 void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale) {
   for (std::size_t c = 0; c < lanes; ++c) {
-    const std::size_t n = column_rows(rows, limits, c);
+    const std::size_t n = rows_within(rows, limits[c]);
     double m = -std::numeric_limits<double>::infinity();
     for (std::size_t j = 0; j < n; ++j) {
       s[j * ld + c] *= scale;
@@ -152,7 +152,7 @@ void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int
 void softmax_backward_columns(const double* p, double* d, std::size_t ld, std::size_t rows,
                               const std::int32_t* limits, double scale, const double* dots) {
   for (std::size_t c = 0; c < lanes; ++c) {
-    const std::size_t n = column_rows(rows, limits, c);
+    const std::size_t n = rows_within(rows, limits[c]);
     double dot = 0;
     if (dots)
       dot = dots[c];
@@ -202,7 +202,7 @@ void online_softmax_columns(double* s, std::size_t ld, std::size_t rows, const s
                             double* max, double* total, double* rescale) {
   const double minus_inf = -std::numeric_limits<double>::infinity();
   for (std::size_t c = 0; c < lanes; ++c) {
-    const std::size_t n = column_rows(rows, limits, c);
+    const std::size_t n = rows_within(rows, limits[c]);
     double m = max[c];
     for (std::size_t j = 0; j < n; ++j) m = std::max(m, s[j * ld + c] *= scale);
     const double shift = m == minus_inf ? 0 : m;
@@ -218,7 +218,7 @@ void online_softmax_columns(double* s, std::size_t ld, std::size_t rows, const s
 void softmax_again_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale,
                            const double* shift, const double* inverse) {
   for (std::size_t c = 0; c < lanes; ++c) {
-    const std::size_t n = column_rows(rows, limits, c);
+    const std::size_t n = rows_within(rows, limits[c]);
     for (std::size_t j = 0; j < n; ++j) s[j * ld + c] = std::exp(s[j * ld + c] * scale - shift[c]) * inverse[c];
     for (std::size_t j = n; j < rows; ++j) s[j * ld + c] = 0;
   }
