@@ -1,6 +1,7 @@
-// libFuzzer target for the checkpoint loader. Each input is tried as each of a run folder's
-// three files, with the other two valid: as config.json, as model.safetensors and as
-// optimizer.safetensors. A bad file must end in a std::runtime_error; any other exception, a
+// libFuzzer target for the checkpoint loader and the training history. Each input is tried as
+// each of a run folder's files, with the others valid: as config.json, as model.safetensors and
+// as optimizer.safetensors (loaded into the model and Adam, its metadata read), and as
+// metrics.jsonl and snapshots.jsonl (read against the run's config). A bad file must end in a std::runtime_error; any other exception, a
 // crash, a sanitizer report, a hang or a huge allocation is a bug.
 #include <cstddef>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string_view>
 
 #include "examples/cli/checkpoint.hpp"
+#include "examples/cli/snapshot.hpp"
 #include "fuzz/fixture.hpp"
 
 namespace {
@@ -30,6 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
 
   expect_success_or_runtime_error([&] { cli::parse_config(bytes, "fuzz/config.json"); });
+  expect_success_or_runtime_error([&] { cli::parse_history(bytes, "", run.options.model, "fuzz"); });
+  expect_success_or_runtime_error([&] { cli::parse_history("", bytes, run.options.model, "fuzz"); });
   expect_success_or_runtime_error([&] {
     const nn::Safetensors file = nn::parse_safetensors(bytes, "fuzz/input.safetensors");
     expect_success_or_runtime_error(

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "examples/cli/snapshot.hpp"
+#include "examples/cli/tasks/task.hpp"
 #include "fuzz/fixture.hpp"
 #include "qkv/nn/safetensors.hpp"
 
@@ -130,6 +132,44 @@ int main(int argc, char** argv) {
   };
   put("optimizer-buffer-missing", without([](const std::string& name) { return name == "3.exp_avg_sq"; }));
   put("optimizer-state-missing", without([](const std::string& name) { return name.rfind("3.", 0) == 0; }));
+  // Files that load but hold no state a run reaches: a generator's state that is not four 64-bit
+  // words or is all zeros, Adam's average of squares negative or its average not finite.
+  put("rng-long", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "1 2 3 4 5"; }));
+  put("rng-negative", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "-1 -1 -1 -1"; }));
+  put("rng-zero", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "0 0 0 0"; }));
+  const auto with_value = [&](const std::string& buffer, float value) {
+    StateDict changed = run.optimizer->state_dict();
+    for (auto& [name, t] : changed)
+      if (name == buffer) {
+        t = t.detach().to(t.dtype());
+        t.mutable_value<float>().flat(1) = value;
+      }
+    return qkv::nn::serialize_safetensors(changed, {{"step", "1"}, {"rng", "1 2 3 4"}});
+  };
+  put("optimizer-exp-avg-sq-negative", with_value("2.exp_avg_sq", -0.5f));
+  put("optimizer-exp-avg-inf", with_value("2.exp_avg", std::numeric_limits<float>::infinity()));
+
+  // snapshots.jsonl: the fuzz run's snapshot, and lines whose sizes are not the run's.
+  const auto task = qkv::cli::make_task(run.options.task);
+  const Json snapshot = qkv::cli::Snapshots(run.options, *task).take(1, *run.model);
+  put("snapshots.jsonl", snapshot.dump() + "\n");
+  const auto snapshot_with = [&](const std::function<void(Json&)>& edit) {
+    Json line = snapshot;
+    edit(line);
+    return snapshot.dump() + "\n" + line.dump() + "\n";
+  };
+  put("snapshots-layers-null", snapshot_with([](Json& j) { j["layers"] = nullptr; }));
+  put("snapshots-heads-null", snapshot_with([](Json& j) { j["layers"][0]["heads"] = nullptr; }));
+  put("snapshots-heads-many", snapshot_with([](Json& j) {
+        j["layers"][0]["heads"] = Json::array();
+        for (int h = 0; h < 1000; ++h) j["layers"][0]["heads"].push_back(Json::object());
+      }));
+  put("snapshots-composition-negative", snapshot_with([](Json& j) {
+        j["composition"] = Json::array({{{"from_layer", -1}, {"from_head", 0}, {"to_layer", 0}, {"to_head", 0},
+                                         {"q", 0}, {"k", 0}, {"v", 0}}});
+      }));
+  put("snapshots-input-float", snapshot_with([](Json& j) { j["input"][0] = 1e300; }));
+  put("snapshots-step-float", snapshot_with([](Json& j) { j["step"] = 1e300; }));
 
   // config.json files qkv does not write.
   put("config-not-json", run.config.substr(0, run.config.size() / 2));

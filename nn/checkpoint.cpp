@@ -45,7 +45,12 @@ void link_atomically(const std::string& dir, const std::string& name, const std:
   std::error_code ignored;
   fs::remove(tmp, ignored);
   if (::symlink(target.c_str(), tmp.c_str()) != 0) fail_io(tmp, "creating a link");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_io(path, "renaming the new link");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    fs::remove(tmp, ignored);
+    errno = error;
+    fail_io(path, "renaming the new link");
+  }
 }
 
 void remove_tree(const std::string& path) {
@@ -95,15 +100,22 @@ RunLock::RunLock(const std::string& dir) {
     if (fd < 0) fail_io(path, "opening the lock");
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int error = errno;
-      char pid[32] = {};
-      const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+      // The holder writes its pid just after it takes the lock: a lock taken a moment ago may not
+      // show it yet.
+      std::string holder;
+      for (int wait = 0; wait < 50 && holder.empty() && error == EWOULDBLOCK; ++wait) {
+        if (wait > 0) ::usleep(10'000);
+        char pid[32] = {};
+        const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+        holder.assign(pid, std::size_t(std::max<ssize_t>(n, 0)));
+        holder.erase(std::remove_if(holder.begin(), holder.end(), [](char c) { return c == '\n' || c == ' '; }),
+                     holder.end());
+      }
       ::close(fd);
       if (error != EWOULDBLOCK) {
         errno = error;
         fail_io(path, "locking");
       }
-      std::string holder(pid, std::size_t(std::max<ssize_t>(n, 0)));
-      holder.erase(std::remove(holder.begin(), holder.end(), '\n'), holder.end());
       throw std::runtime_error(fmt::format("{}: in use by another process (pid {}), which holds {}", dir,
                                            holder.empty() ? "unknown" : holder, path));
     }
@@ -113,8 +125,10 @@ RunLock::RunLock(const std::string& dir) {
       ::close(fd);
       continue;
     }
-    const std::string pid = fmt::format("{}\n", ::getpid());
-    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+    // Of a fixed width, written over the old one: the file never shows an empty or mixed pid while
+    // the lock is held (but for the moment after it is created).
+    const std::string pid = fmt::format("{:<15}\n", ::getpid());
+    if (::pwrite(fd, pid.data(), pid.size(), 0) != ssize_t(pid.size()) || ::ftruncate(fd, off_t(pid.size())) != 0) {
       const int error = errno;
       ::close(fd);
       errno = error;
@@ -132,16 +146,35 @@ RunLock::~RunLock() {
 
 RunLock::RunLock(RunLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
 
+void check_file_links(const std::string& dir, const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    std::error_code error;
+    const fs::file_status status = fs::symlink_status(dir + "/" + name, error);
+    if (fs::exists(status) && !fs::is_symlink(status) && !fs::is_regular_file(status))
+      throw std::runtime_error(fmt::format("{}/{}: is {}, where the run keeps its link to checkpoint/{}; move it away",
+                                           dir, name, fs::is_directory(status) ? "a folder" : "not a regular file", name));
+  }
+}
+
 void commit_checkpoint(const std::string& dir, std::size_t step, const CheckpointFiles& files) {
   const std::string name = folder_name(step), final_path = dir + "/" + name, tmp = final_path + ".tmp";
   if (committed_step(dir) == step)
     throw std::logic_error(fmt::format("commit_checkpoint: {} is committed already", final_path));
+  std::vector<std::string> names = {"checkpoint"};
+  for (const auto& file : files) names.push_back(file.first);
+  check_file_links(dir, names);  // before anything is written: the commit must not fail half-way
   remove_tree(tmp);
   if (::mkdir(tmp.c_str(), 0755) != 0) fail_io(tmp, "creating the folder");
-  for (const auto& [file, bytes] : files) write_durably(tmp + "/" + file, bytes);
-  sync_folder(tmp);
-  remove_tree(final_path);  // a checkpoint of an abandoned run of steps; never the committed one
-  if (std::rename(tmp.c_str(), final_path.c_str()) != 0) fail_io(final_path, "renaming the new checkpoint");
+  try {
+    for (const auto& [file, bytes] : files) write_durably(tmp + "/" + file, bytes);
+    sync_folder(tmp);
+    remove_tree(final_path);  // a checkpoint of an abandoned run of steps; never the committed one
+    if (std::rename(tmp.c_str(), final_path.c_str()) != 0) fail_io(final_path, "renaming the new checkpoint");
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);  // a full disk stays no fuller than before the save
+    throw;
+  }
   sync_folder(dir);
   link_atomically(dir, "checkpoint", name);  // the commit
   sync_folder(dir);
@@ -153,6 +186,13 @@ void commit_checkpoint(const std::string& dir, std::size_t step, const Checkpoin
 std::optional<std::string> committed_checkpoint(const std::string& dir) {
   if (const auto step = committed_step(dir)) return dir + "/" + folder_name(*step);
   std::error_code error;
+  const std::string link = dir + "/checkpoint";
+  if (const auto status = fs::symlink_status(link, error); fs::exists(status)) {
+    const fs::path target = fs::read_symlink(link, error);
+    throw std::runtime_error(fmt::format(
+        "{}: is {}, not a link to one of the run's checkpoint-STEP folders (a resume repairs it)", link,
+        fs::is_symlink(status) ? fmt::format("a link to '{}'", target.string()) : std::string("not a link")));
+  }
   if (fs::is_regular_file(fs::symlink_status(dir + "/model.safetensors", error))) return dir;  // an older run's layout
   return std::nullopt;
 }
@@ -290,13 +330,17 @@ std::optional<Checkpoint> resume_checkpoint(const std::string& dir,
                                             const std::function<void(const Checkpoint&)>& restore,
                                             std::ostream& notes) {
   // The committed checkpoint, then the older ones, newest first. Newer ones were never committed.
-  std::vector<std::string> candidates;
-  const auto committed = committed_checkpoint(dir);
+  std::vector<std::string> candidates, faults;
+  std::optional<std::string> committed;
+  try {
+    committed = committed_checkpoint(dir);
+  } catch (const std::runtime_error& e) {  // a link to elsewhere: the run's own folders are what is left
+    faults.push_back(e.what());
+  }
   if (committed) candidates.push_back(*committed);
   const auto committed_step = committed ? checkpoint_step(*committed) : std::nullopt;
   for (const auto& [step, folder] : checkpoint_folders(dir))
     if (!committed || (committed_step && step < *committed_step)) candidates.push_back(folder);
-  std::vector<std::string> faults;
   for (const std::string& folder : candidates) {
     try {
       Checkpoint c = read_checkpoint(folder);
@@ -312,7 +356,10 @@ std::optional<Checkpoint> resume_checkpoint(const std::string& dir,
       faults.push_back(e.what());
     }
   }
-  if (faults.empty()) return std::nullopt;
+  if (candidates.empty() && faults.size() <= 1) {
+    if (!faults.empty()) notes << faults[0] << "\n";
+    return std::nullopt;
+  }
   std::string all;
   for (const std::string& fault : faults) all += "\n  " + fault;
   throw std::runtime_error(fmt::format("{}: no checkpoint loads:{}", dir, all));

@@ -51,8 +51,14 @@ void commit_checkpoint(const std::string& dir, std::size_t step, const Checkpoin
 
 // The folder that holds the committed checkpoint's files: DIR/checkpoint-STEP, or DIR itself for
 // a run written before checkpoints had folders of their own (its files directly in DIR); none
-// when the run has no checkpoint yet.
+// when the run has no checkpoint yet. A DIR/checkpoint that is not a link to a checkpoint-STEP
+// folder of DIR (a link to elsewhere or to itself, a file) throws std::runtime_error naming it.
 std::optional<std::string> committed_checkpoint(const std::string& dir);
+
+// Throws std::runtime_error naming the entry when one of DIR/NAME, for each of `names`, is neither
+// missing, a link nor a regular file (a folder of the user's, say), where a commit would link
+// DIR/NAME to checkpoint/NAME. commit_checkpoint checks it before it writes anything.
+void check_file_links(const std::string& dir, const std::vector<std::string>& names);
 
 // Every DIR/checkpoint-STEP folder, newest first, as (step, path).
 std::vector<std::pair<std::size_t, std::string>> checkpoint_folders(const std::string& dir);
@@ -120,8 +126,10 @@ void load_weights(const std::string& dir, Module& model);
 
 // For a resume: calls `restore` on the committed checkpoint or, when it cannot be read or
 // `restore` throws std::runtime_error, on the newest older one for which it succeeds, which
-// becomes the committed one; each one passed over is reported on `notes`. None when the run has no
-// checkpoint; std::runtime_error, naming each checkpoint's fault, when none restores.
+// becomes the committed one; each one passed over is reported on `notes`, and so is a
+// DIR/checkpoint that pointed elsewhere (committed_checkpoint), which the one restored replaces.
+// None when the run has no checkpoint; std::runtime_error, naming each checkpoint's fault, when
+// none restores.
 std::optional<Checkpoint> resume_checkpoint(const std::string& dir,
                                             const std::function<void(const Checkpoint&)>& restore,
                                             std::ostream& notes);

@@ -50,14 +50,22 @@ void write_all(int fd, const std::string& path, std::string_view bytes) {
   if (::fsync(fd) != 0) fail_io(path, "fsync");
 }
 
-// Writes `bytes` to a new file `path`, flushes it to disk and closes it; `name` in messages.
+// Writes `bytes` to a new file `path`, flushes it to disk and closes it; `name` in messages. A
+// write that fails (a full disk) removes the file again: nothing half-written stays to fill it.
 void write_file(const std::string& path, std::string_view bytes, const std::string& name) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail_io(name, "creating the file");
   Descriptor file{fd};
-  write_all(fd, name, bytes);
-  file.fd = -1;
-  if (::close(fd) != 0) fail_io(name, "close");
+  try {
+    write_all(fd, name, bytes);
+    file.fd = -1;
+    if (::close(fd) != 0) fail_io(name, "close");
+  } catch (...) {
+    const int error = errno;
+    ::unlink(path.c_str());
+    errno = error;
+    throw;
+  }
 }
 
 }  // namespace
@@ -91,7 +99,12 @@ void write_durably(const std::string& path, std::string_view bytes) { write_file
 void write_atomically(const std::string& path, std::string_view bytes) {
   const std::string tmp = path + ".tmp";
   write_file(tmp, bytes, path);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_io(path, "renaming the temporary file");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    errno = error;
+    fail_io(path, "renaming the temporary file");
+  }
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   sync_folder(dir.empty() ? "." : dir.string());
 }

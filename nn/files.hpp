@@ -14,7 +14,8 @@ std::string read_file(const std::string& path, std::size_t max_bytes);
 
 // Replaces `path` by `bytes` so that a reader sees the old file or the new one, never a part:
 // writes `path`.tmp, flushes it to disk, renames it over `path`, and flushes the folder. A stale
-// `path`.tmp from a save that died is simply overwritten.
+// `path`.tmp from a save that died is simply overwritten; a write or rename that fails (a full
+// disk, a folder at `path`) removes `path`.tmp before it throws.
 void write_atomically(const std::string& path, std::string_view bytes);
 
 // Writes `bytes` to a new file `path` and flushes it to disk (no rename: for files inside a folder

@@ -38,6 +38,7 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, const AdamOptions& options, bool decoupled);
   void update(std::size_t i, Tensor& param, const Tensor& grad) override;
   std::vector<std::string> buffer_names() const override;
+  std::vector<std::string> nonnegative_buffers() const override { return {"exp_avg_sq", "max_exp_avg_sq"}; }
 
  private:
   AdamOptions options_;

@@ -57,13 +57,28 @@ StateDict Optimizer::state_dict() const {
   return out;
 }
 
+namespace {
+
+// A buffer a run could have reached: finite, and not negative where it holds squares.
+void check_values(const std::string& name, const Tensor& t, bool nonnegative) {
+  const Array<double> values = t.to(DType::float64).value<double>();
+  for (std::size_t j = 0; j < values.size(); ++j) {
+    const double v = values.data()[j];
+    if (!std::isfinite(v) || (nonnegative && v < 0))
+      fail("Optimizer::load_state_dict", "'{}' holds {} at element {}{}", name, v, j,
+           std::isfinite(v) ? ", but an average of squares cannot be negative" : "");
+  }
+}
+
+}  // namespace
+
 void Optimizer::load_state_dict(const StateDict& state) {
   std::vector<StateDict> buffers(params_.size());
   std::vector<double> steps(params_.size(), 0.0);
   std::vector<bool> has_step(params_.size(), false);
   double lr = lr_;
   bool has_lr = false;
-  const std::vector<std::string> known = buffer_names();
+  const std::vector<std::string> known = buffer_names(), nonnegative = nonnegative_buffers();
   const auto repeated = [](const std::string& name) {
     fail("Optimizer::load_state_dict", "entry '{}' appears twice", name);
   };
@@ -92,6 +107,7 @@ void Optimizer::load_state_dict(const StateDict& state) {
         fail("Optimizer::load_state_dict", "'{}' is {} {} but parameter {} is {} {}", name, dtype_name(t.dtype()),
              to_string(t.shape()), i, dtype_name(params_[i].dtype()), to_string(params_[i].shape()));
       if (std::any_of(buffers[i].begin(), buffers[i].end(), [&](const auto& b) { return b.first == field; })) repeated(name);
+      check_values(name, t, std::find(nonnegative.begin(), nonnegative.end(), field) != nonnegative.end());
       buffers[i].emplace_back(field, t.detach().to(t.dtype()));  // a copy: the caller's tensors stay theirs
     }
   }

@@ -26,7 +26,8 @@ class Optimizer {
   StateDict state_dict() const;
   // Restores what state_dict saved: a resumed run then continues bit-identically. Throws
   // std::invalid_argument, changing nothing, for an unknown or repeated entry, a buffer of the
-  // wrong shape or dtype, or a parameter whose state is incomplete (a step count without each
+  // wrong shape or dtype, a value no run could have reached (NaN or infinite anywhere, negative in
+  // a buffer of squares), or a parameter whose state is incomplete (a step count without each
   // buffer the optimizer keeps, or buffers without a step count).
   void load_state_dict(const StateDict& state);
 
@@ -35,6 +36,8 @@ class Optimizer {
   virtual void update(std::size_t i, Tensor& param, const Tensor& grad) = 0;
   // The buffers, all of the parameter's shape, that each updated parameter has with these options.
   virtual std::vector<std::string> buffer_names() const = 0;
+  // Those of them that hold averages of squares, and so are never negative.
+  virtual std::vector<std::string> nonnegative_buffers() const { return {}; }
 
   // Parameter i's buffer `name` (a handle: writes reach the state), created as zeros on first
   // use; and its step count.

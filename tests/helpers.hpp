@@ -5,7 +5,10 @@
 #include <catch2/catch.hpp>
 #include <xtensor/xview.hpp>
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cmath>
 #include <filesystem>
@@ -24,6 +27,28 @@ inline std::string scratch(const std::string& name) {
   std::filesystem::create_directories(dir);
   return dir.string();
 }
+
+// A full disk, as this process sees it while the object lives: a write past `bytes` into any file
+// fails (EFBIG, the signal it would raise ignored).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_) == 0);
+    signal_ = std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{bytes, old_.rlim_max};
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, signal_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit old_{};
+  void (*signal_)(int) = nullptr;
+};
 
 // Values in row-major order, in the given shape.
 inline Array<double> shaped(std::initializer_list<double> values, const Shape& shape) {

@@ -1,10 +1,13 @@
 #include "examples/cli/checkpoint.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "qkv/core/shape.hpp"
 
 namespace qkv::cli {
 
@@ -26,9 +29,19 @@ CheckpointState restore_checkpoint(const nn::Checkpoint& c, nn::Module& model, o
   const auto rng_text = c.info.metadata.find("rng");
   if (rng_text == c.info.metadata.end())
     throw std::runtime_error(fmt::format("{}: no 'rng' in its metadata", optimizer_file));
+  // Four unsigned 64-bit words, not all zero (xoshiro256**'s one invalid state), and nothing else.
   std::istringstream rng(rng_text->second);
-  for (auto& word : state.rng)
-    if (!(rng >> word)) throw std::runtime_error(fmt::format("{}: 'rng' is not four numbers", optimizer_file));
+  std::vector<std::string> words{std::istream_iterator<std::string>(rng), std::istream_iterator<std::string>()};
+  const auto bad_rng = [&](const std::string& why) {
+    return std::runtime_error(fmt::format("{}: 'rng' = \"{}\" {}", optimizer_file, rng_text->second, why));
+  };
+  if (words.size() != state.rng.size()) throw bad_rng(fmt::format("is {} words, not 4 numbers", words.size()));
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    const auto word = parse_count(words[i]);
+    if (!word) throw bad_rng(fmt::format("holds '{}', not an unsigned 64-bit number", words[i]));
+    state.rng[i] = *word;
+  }
+  if (state.rng == Generator::State{}) throw bad_rng("is all zeros, which no generator reaches");
   nn::load_weights(c, model);
   try {
     optimizer.load_state_dict(c.optimizer.tensors);

@@ -150,6 +150,10 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   const std::vector<ExperimentConfig> configs = spec.plan(e);
   const std::size_t seeds = e.seeds ? e.seeds : e.quick ? 1 : full_seeds;
   const std::string out = e.out.empty() ? "runs/experiment-" + e.name : e.out;
+  std::error_code error;
+  const bool has_runs = std::filesystem::exists(out + "/runs", error) && !std::filesystem::is_empty(out + "/runs", error);
+  if (!e.force && (std::filesystem::exists(out + "/results.json", error) || has_runs))
+    throw UsageError(fmt::format("--out {}: holds an experiment's results already; give --force to replace them", out));
   std::filesystem::create_directories(out + "/runs");
   std::ostringstream quiet;
   ExperimentResult result;

@@ -28,6 +28,9 @@ struct ExperimentOptions {
   std::size_t seeds = 0;   // 0: full_seeds, or 1 with quick
   std::uint64_t seed_start = 0;  // the seeds are seed_start, seed_start + 1, …
   std::string out{};       // "" means runs/experiment-NAME
+  // Replace the results of an experiment already in `out`; without it, run_experiment refuses
+  // such a folder (UsageError) before it trains anything.
+  bool force = false;
   std::size_t steps = 0;   // of every run; 0: full_steps, or quick_steps with quick
   std::size_t eval_batches = 32;  // of 32 held-out sequences, for the accuracy at each curve point
 };

@@ -205,13 +205,14 @@ int run_generate(const GenerateArgs& a) {
   if (const Seq2SeqTask* seq2seq = as_seq2seq(*task)) return run_generate_seq2seq(a, *seq2seq);
   const auto model = load_model(a.dir);
   const qkv::nn::TransformerConfig& c = model->config();
+  // A run that cannot generate is the wrong run for the command: a bad command line.
   if (c.readout != qkv::nn::Readout::token || c.n_classes != c.vocab_size)
-    throw std::runtime_error(fmt::format("{}: a {} model predicts {}, not the next token: it cannot generate", a.dir, o.task,
-                                         c.readout == qkv::nn::Readout::token ? "a class per position" : "positions"));
+    usage(a.dir, "a {} model predicts {}, not the next token: it cannot generate", o.task,
+          c.readout == qkv::nn::Readout::token ? "a class per position" : "positions");
   try {
     model->check_decodable();  // the library's check, named with the run
   } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{}: {}", a.dir, e.what()));
+    usage(a.dir, "{}", e.what());
   }
   const std::vector<std::int64_t> input = input_tokens(*task, a.input, c.max_len);
   if (input.size() == c.max_len) usage("--input", "{} tokens leave none of the model's {} positions to generate", input.size(), c.max_len);
@@ -223,6 +224,12 @@ int run_generate(const GenerateArgs& a) {
   const qkv::IndexArray out = qkv::nn::generate(*model, one_row(input), count, s, gen, !a.no_cache);
   fmt::print("{}\n", task->decode(std::vector<std::int64_t>(out.begin(), out.end())));
   return 0;
+}
+
+// Whether the terminal at `fd` shows colours and in-place lines: a terminal, other than a dumb one.
+bool escapes_shown(int fd) {
+  const char* term = std::getenv("TERM");
+  return ::isatty(fd) && !(term && std::string_view(term) == "dumb");
 }
 
 struct InspectArgs {
@@ -244,7 +251,7 @@ int show(const InspectArgs& a, const Report& report) {
   if (a.json) {
     fmt::print("{}\n", to_json(report).dump());
   } else if (a.html.empty() && a.svg.empty()) {
-    const bool color = ::isatty(1) && std::getenv("NO_COLOR") == nullptr;
+    const bool color = escapes_shown(1) && std::getenv("NO_COLOR") == nullptr;
     print_report(std::cout, report, color);
   }
   return 0;
@@ -267,13 +274,13 @@ int run_inspect(const InspectArgs& a) {
   const std::vector<std::int64_t> input =
       a.input.empty() ? typical_input(*task) : input_tokens(*task, a.input, o.model.max_len);
   Inspection in = inspect(*model, *task, input, a.dir);
-  if (!a.html.empty() || !a.svg.empty()) in.history = read_history(a.dir);  // only the pictures draw it
+  if (!a.html.empty() || !a.svg.empty()) in.history = read_history(a.dir, o.model);  // only the pictures draw it
   return show(a, in);
 }
 
 // A markdown table on stdout; results.json, the chart and each run's folder under --out.
 int run_experiment_command(ExperimentOptions e) {
-  const ExperimentResult r = run_experiment(e, std::cerr, ::isatty(2));
+  const ExperimentResult r = run_experiment(e, std::cerr, escapes_shown(2));
   fmt::print("{}", r.table);
   fmt::print(stderr, "qkv experiment: wrote {}\n", fmt::join(r.files, ", "));
   return 0;
@@ -282,7 +289,7 @@ int run_experiment_command(ExperimentOptions e) {
 int run_train(TrainOptions o) {
   TrainResult r;
   try {
-    r = train(o, std::cerr, ::isatty(2));
+    r = train(o, std::cerr, escapes_shown(2));
   } catch (const OptionError& e) {
     // A resumed run's options come from its config.json.
     if (o.resume) throw std::runtime_error(fmt::format("{}/config.json: '{}' {}", o.out, config_field(o, e.field), e.what()));
@@ -435,6 +442,7 @@ int main(int argc, char** argv) {
   experiment_cmd->add_option("--seeds", experiment_seeds, fmt::format("Seeds per configuration (default {}; 1 with --quick)", full_seeds))
       ->check(whole(1, 1000));
   experiment_cmd->add_option("--out", experiment.out, "Folder for results.json, the chart and the runs");
+  experiment_cmd->add_flag("--force", experiment.force, "Replace the results of an experiment already in --out");
 
   try {
     app.parse(argc, argv);
@@ -446,6 +454,7 @@ int main(int argc, char** argv) {
     if (*gradcheck) return run_gradcheck(filter);
     if (*tasks) return run_tasks();
     if (*inspect_cmd) return run_inspect(inspect_args);
+    if (*experiment_cmd || *train_cmd) stop_on_signals();  // a run stopped by Ctrl-C keeps its steps
     if (*experiment_cmd) {
       experiment.seeds = std::size_t(experiment_seeds);
       return run_experiment_command(experiment);
@@ -458,10 +467,12 @@ int main(int argc, char** argv) {
       if (resume) {
         for (auto* opt : train_cmd->get_options())
           if (opt->count() > 0 && !opt->check_name("TASK") && !opt->check_name("--out") &&
-              !opt->check_name("--threads") && !opt->check_name("--resume"))
-            usage("--resume", "the run's options come from its config.json: drop {}", opt->get_name());
+              !opt->check_name("--threads") && !opt->check_name("--resume") && !opt->check_name("--steps"))
+            usage("--resume", "the run's options come from its config.json (but --steps, which extends it): drop {}",
+                  opt->get_name());
         TrainOptions o = read_config(out.empty() ? "runs/" + task : out);
         if (o.task != task) usage("--resume", "the run in {} is a {} run, not {}", o.out, o.task, task);
+        if (steps) o.steps = std::size_t(*steps);
         if (!threads) qkv::set_num_threads(o.threads);  // as the run started, unless asked otherwise
         o.resume = true;
         return run_train(o);
@@ -509,6 +520,9 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     fmt::print(stderr, "qkv: {}\n", e.what());
     return 2;
+  } catch (const Interrupted& e) {
+    fmt::print(stderr, "qkv: {}\n", e.what());
+    return 128 + e.signal;
   } catch (const std::exception& e) {
     fmt::print(stderr, "qkv: error: {}\n", e.what());
     return 1;

@@ -73,20 +73,37 @@ struct LineFault : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::size_t step_of(const nlohmann::json& j) {
-  const nlohmann::json& step = j.at("step");
-  if (!step.is_number_unsigned() || step.get<std::uint64_t>() > max_steps)
-    throw LineFault(fmt::format("'step' is {}, not a whole number in [0, {}]", step.dump(), max_steps));
-  return step.get<std::size_t>();
+// A whole number in [0, hi]: `what` names it in the fault ("'step'", "'input'[3]"). Read by type: a
+// float such as 1e300 is no index, and converting it would be undefined.
+std::size_t whole(const nlohmann::json& j, const std::string& what, std::size_t hi) {
+  if (!j.is_number_unsigned() || j.get<std::uint64_t>() > hi)
+    throw LineFault(fmt::format("{} is {}, not a whole number in [0, {}]", what, j.dump(), hi));
+  return j.get<std::size_t>();
 }
+
+std::size_t step_of(const nlohmann::json& j) { return whole(j.at("step"), "'step'", max_steps); }
+
+// An array of exactly `n` entries, checked before anything is read from it.
+const nlohmann::json& array_of(const nlohmann::json& j, const std::string& what, std::size_t n) {
+  if (!j.is_array() || j.size() != n)
+    throw LineFault(fmt::format("{} is {}, where the run's config.json has {}", what,
+                                j.is_array() ? fmt::format("{} entries", j.size()) : std::string("not an array"), n));
+  return j;
+}
+
+// The most probes a snapshot keeps: a task's probe measures a handful of numbers.
+constexpr std::size_t max_probes = 64;
 
 }  // namespace
 
 std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  if (!std::filesystem::exists(path)) return {};
+  return parse_json_lines(nn::read_file(path, std::size_t(1) << 30), path);
+}
+
+std::vector<nlohmann::json> parse_json_lines(std::string_view text, const std::string& path) {
   std::vector<nlohmann::json> out;
-  if (!std::filesystem::exists(path)) return out;
-  const std::string text = nn::read_file(path, std::size_t(1) << 30);
-  std::istringstream lines(text);
+  std::istringstream lines{std::string(text)};
   std::size_t number = 0;
   for (std::string line; std::getline(lines, line);) {
     ++number;
@@ -102,11 +119,19 @@ std::vector<nlohmann::json> read_json_lines(const std::string& path) {
   return out;
 }
 
-TrainingHistory read_history(const std::string& dir) {
+TrainingHistory read_history(const std::string& dir, const nn::TransformerConfig& model) {
+  const auto text = [](const std::string& path) {
+    return std::filesystem::exists(path) ? nn::read_file(path, std::size_t(1) << 30) : std::string();
+  };
+  return parse_history(text(dir + "/metrics.jsonl"), text(dir + "/snapshots.jsonl"), model, dir);
+}
+
+TrainingHistory parse_history(std::string_view metrics, std::string_view snapshots, const nn::TransformerConfig& model,
+                              const std::string& dir) {
   TrainingHistory history;
   // Each line's fields, read by type; a fault names the file, the line and the field.
-  const auto each_line = [](const std::string& path, const auto& read) {
-    const std::vector<nlohmann::json> lines = read_json_lines(path);
+  const auto each_line = [](std::string_view text, const std::string& path, const auto& read) {
+    const std::vector<nlohmann::json> lines = parse_json_lines(text, path);
     for (std::size_t i = 0; i < lines.size(); ++i) {
       try {
         read(lines[i]);
@@ -117,20 +142,29 @@ TrainingHistory read_history(const std::string& dir) {
       }
     }
   };
-  each_line(dir + "/metrics.jsonl", [&](const nlohmann::json& j) {
+  each_line(metrics, dir + "/metrics.jsonl", [&](const nlohmann::json& j) {
     history.logged.push_back({step_of(j), number(j.at("loss")), number(j.at("accuracy"))});
   });
-  each_line(dir + "/snapshots.jsonl", [&](const nlohmann::json& j) {
+  // Every size in a snapshot is the run's own: its layers and heads, an input no longer than its
+  // positions, of tokens in its vocabulary.
+  const std::size_t L = model.layers, H = model.heads;
+  each_line(snapshots, dir + "/snapshots.jsonl", [&](const nlohmann::json& j) {
     TrainingHistory::Snapshot s;
     s.step = step_of(j);
     s.accuracy = number(j.at("accuracy"));
-    s.input = j.at("input").get<std::vector<std::int64_t>>();
+    const nlohmann::json& input = j.at("input");
+    if (!input.is_array() || input.empty() || input.size() > model.max_len)
+      throw LineFault(fmt::format("'input' is {}, not 1 to {} tokens (the run's max_len)",
+                                  input.is_array() ? fmt::format("{} tokens", input.size()) : input.type_name(),
+                                  model.max_len));
+    for (std::size_t i = 0; i < input.size(); ++i)
+      s.input.push_back(std::int64_t(whole(input[i], fmt::format("'input'[{}]", i), model.vocab_size - 1)));
     const std::size_t T = s.input.size();
-    for (const nlohmann::json& layer : j.at("layers")) {
+    for (const nlohmann::json& layer : array_of(j.at("layers"), "'layers'", L)) {
       s.sigma.emplace_back();
       s.score_asymmetry.emplace_back();
       s.attention.emplace_back();
-      for (const nlohmann::json& head : layer.at("heads")) {
+      for (const nlohmann::json& head : array_of(layer.at("heads"), "'heads'", H)) {
         s.sigma.back().push_back(number(head.at("sigma")));
         const nlohmann::json& a = head.at("score_asymmetry");
         s.score_asymmetry.back().push_back(a.is_null() ? std::nullopt : std::optional<double>(number(a)));
@@ -145,11 +179,22 @@ TrainingHistory read_history(const std::string& dir) {
         s.attention.back().push_back(std::move(m));
       }
     }
-    for (const nlohmann::json& c : j.at("composition"))
-      s.composition.push_back({c.at("from_layer").get<std::size_t>(), c.at("from_head").get<std::size_t>(),
-                               c.at("to_layer").get<std::size_t>(), c.at("to_head").get<std::size_t>(), number(c.at("q")),
-                               number(c.at("k")), number(c.at("v"))});
-    for (const auto& [key, value] : j.at("probes").items()) s.probes.emplace_back(key, number(value));
+    // Each head of a layer into each head of a later one, once.
+    const nlohmann::json& composition = j.at("composition");
+    if (!composition.is_array() || composition.size() > L * (L - 1) / 2 * H * H)
+      throw LineFault(fmt::format("'composition' is not an array of at most {} pairs of heads", L * (L - 1) / 2 * H * H));
+    for (const nlohmann::json& c : composition) {
+      const HeadComposition pair{whole(c.at("from_layer"), "'from_layer'", L - 1), whole(c.at("from_head"), "'from_head'", H - 1),
+                                 whole(c.at("to_layer"), "'to_layer'", L - 1),     whole(c.at("to_head"), "'to_head'", H - 1),
+                                 number(c.at("q")), number(c.at("k")), number(c.at("v"))};
+      if (pair.from_layer >= pair.to_layer)
+        throw LineFault(fmt::format("a composition from layer {} into layer {}, not a later one", pair.from_layer, pair.to_layer));
+      s.composition.push_back(pair);
+    }
+    const nlohmann::json& probes = j.at("probes");
+    if (!probes.is_object() || probes.size() > max_probes)
+      throw LineFault(fmt::format("'probes' is not an object of at most {} numbers", max_probes));
+    for (const auto& [key, value] : probes.items()) s.probes.emplace_back(key.substr(0, 64), number(value));
     // Every snapshot of a run has the same heads and input as the first.
     if (!history.snapshots.empty()) {
       const TrainingHistory::Snapshot& first = history.snapshots.front();

@@ -9,6 +9,7 @@
 // masked)}]}], composition: [{from, to, q, k, v}] (as qkv inspect --json), probes: {name: value}}.
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -44,11 +45,18 @@ class Snapshots {
 // short (a kill while it was written) is left out, any other line that is not a JSON object throws
 // std::runtime_error naming the file and the line. A file that is not there gives none.
 std::vector<nlohmann::json> read_json_lines(const std::string& path);
+// The same from the file's text; `path` names it in messages.
+std::vector<nlohmann::json> parse_json_lines(std::string_view text, const std::string& path);
 
-// A run folder's metrics.jsonl and snapshots.jsonl (either may be missing: none of it). A line
-// without a field the history needs, with a step past max_steps, or whose snapshot has other
-// layers, heads or input length than the first, throws std::runtime_error naming the file, the
-// line and the fault.
-TrainingHistory read_history(const std::string& dir);
+// A run folder's metrics.jsonl and snapshots.jsonl (either may be missing: none of it), of the run
+// whose model config.json records as `model`. A line without a field the history needs, with a
+// field of the wrong type, a step past max_steps, a snapshot whose layers, heads, input or
+// composition do not fit `model` (more layers or heads, an input longer than its positions or with
+// tokens outside its vocabulary, a composition between heads it has not), or whose input length
+// differs from the first's, throws std::runtime_error naming the file, the line and the fault.
+TrainingHistory read_history(const std::string& dir, const nn::TransformerConfig& model);
+// The same from the two files' texts ("" for a file that is not there); `dir` names them.
+TrainingHistory parse_history(std::string_view metrics, std::string_view snapshots, const nn::TransformerConfig& model,
+                              const std::string& dir);
 
 }  // namespace qkv::cli

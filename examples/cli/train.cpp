@@ -1,6 +1,9 @@
 #include "examples/cli/train.hpp"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -32,6 +35,14 @@
 namespace qkv::cli {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The signal that asked a run to stop (SIGINT, SIGTERM), or 0.
+std::atomic<int> stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);  // set from a signal handler
+
+}  // namespace
 
 namespace {
 
@@ -211,16 +222,41 @@ void check_memory(const TrainOptions& o, bool training) {
   }
   const double available = nn::available_memory();
   if (need.model + need.step > available) {
-    const bool step = need.step > need.model;
-    // Positions past the task's longest sequence (--max-len) are what to cut first, when they are many.
-    const bool positions = m.max_len > 4 * make_task(o.task, o.n)->info().max_len;
-    out_of_range(positions ? "model.max_len"
-                 : step    ? "batch"
-                           : (double(m.layers) / 2 > double(m.d_model) / 16 ? "model.layers" : "model.d_model"),
-                 "needs about {} for the model{} and {} for a {} (batch {} of {} tokens, d_model {}, {} layers), more "
-                 "than the {} this machine has available",
+    // The option to make smaller: of those whose value at the task's default would need less, the
+    // one furthest above its default.
+    const TrainOptions defaults = default_options(o.task, o.n);
+    const MemoryEstimate full = estimate_memory(o);  // compared with the same estimates, unscaled
+    const double total = full.model + full.step;
+    const char* field = "batch";
+    double furthest = 1;
+    const auto consider = [&](const char* name, double value, double usual, auto reset) {
+      TrainOptions smaller = o;
+      reset(smaller);
+      const MemoryEstimate e = estimate_memory(smaller);
+      if (e.model + e.step < total && value / usual > furthest) {
+        field = name;
+        furthest = value / usual;
+      }
+    };
+    const nn::TransformerConfig& d = defaults.model;
+    const auto kv_heads = [](const nn::TransformerConfig& c) { return double(c.kv_heads ? c.kv_heads : c.heads); };
+    consider("batch", double(o.batch), double(defaults.batch), [&](TrainOptions& s) { s.batch = defaults.batch; });
+    consider("model.max_len", double(m.max_len), double(d.max_len), [&](TrainOptions& s) { s.model.max_len = d.max_len; });
+    consider("model.layers", double(m.layers), double(d.layers), [&](TrainOptions& s) { s.model.layers = d.layers; });
+    consider("model.d_model", double(m.d_model), double(d.d_model), [&](TrainOptions& s) { s.model.d_model = d.d_model; });
+    consider("model.heads", double(m.heads), double(d.heads), [&](TrainOptions& s) { s.model.heads = d.heads; });
+    // d_head and kv_heads only where they were given: otherwise heads and d_model set them.
+    if (m.d_head)
+      consider("model.d_head", double(m.d_head), double(nn::head_dim(d)),
+               [&](TrainOptions& s) { s.model.d_head = nn::head_dim(d); });
+    if (m.kv_heads)
+      consider("model.kv_heads", double(m.kv_heads), kv_heads(d),
+               [&](TrainOptions& s) { s.model.kv_heads = std::size_t(kv_heads(d)); });
+    out_of_range(field,
+                 "needs about {} for the model{} and {} for a {} (batch {} of {} tokens, d_model {}, {} layers of {} "
+                 "heads), more than the {} this machine has available",
                  bytes_text(need.model), training ? " and its optimizer state" : "", bytes_text(need.step),
-                 training ? "training step" : "forward pass", o.batch, m.max_len, m.d_model, m.layers,
+                 training ? "training step" : "forward pass", o.batch, m.max_len, m.d_model, m.layers, m.heads,
                  bytes_text(available));
   }
 }
@@ -447,9 +483,15 @@ namespace {
 const std::vector<std::string> run_files = {"config.json", "metrics.jsonl", "snapshots.jsonl", "model.safetensors",
                                             "optimizer.safetensors"};
 
-// A folder a run has written: its config or a checkpoint.
+// A folder a run has written: its config or a checkpoint (or its link, even one that points
+// elsewhere).
 bool holds_run(const std::string& dir) {
-  return fs::exists(dir + "/config.json") || nn::committed_checkpoint(dir) || !nn::checkpoint_folders(dir).empty();
+  if (fs::exists(dir + "/config.json") || !nn::checkpoint_folders(dir).empty()) return true;
+  try {
+    return nn::committed_checkpoint(dir).has_value();
+  } catch (const std::runtime_error&) {
+    return true;
+  }
 }
 
 // Refuses a folder with files that are not a run's: the lock, or what a write that died left.
@@ -473,6 +515,7 @@ class RunFolder {
     if (o.resume) {
       lock_.emplace(dir_);
       nn::remove_partial_files(dir_, run_files);
+      nn::check_file_links(dir_, {"checkpoint", "model.safetensors", "optimizer.safetensors"});
       return;
     }
     const auto refuse = [&] {
@@ -513,6 +556,8 @@ class RunFolder {
   RunFolder& operator=(const RunFolder&) = delete;
 
   const std::string& path() const { return staging_.empty() ? dir_ : staging_; }
+  // Whether the run replaces another (--force) that is still in place: no checkpoint yet.
+  bool replacing() const { return !staging_.empty(); }
 
   // After each checkpoint: a replacement run takes the old run's place at its first.
   void checkpointed() {
@@ -547,6 +592,29 @@ std::vector<bool> updated_parameters(const Model& model, const Task& task) {
   return updated;
 }
 
+// A run that extends its steps on resume (--resume --steps N): its config.json says N from now on.
+// Says whether it equals a run trained to N steps from the start: it does when the learning rates
+// of the steps it took already are those of an N-step schedule.
+void extend(const std::string& dir, const TrainOptions& recorded, std::size_t steps, std::size_t done,
+            std::ostream& notes) {
+  TrainOptions extended = recorded;
+  extended.steps = steps;
+  const optim::Schedule before = training_schedule(recorded), after = training_schedule(extended);
+  std::size_t differs = 0;
+  while (differs < done && before.lr_at(differs) == after.lr_at(differs)) ++differs;
+  notes << fmt::format("qkv train: extending {} from {} to {} steps; from step {} on, the learning rate follows the "
+                       "{}-step schedule",
+                       dir, recorded.steps, steps, done, steps);
+  if (differs == done)
+    notes << fmt::format(", as it did before: the run equals one trained to {} steps from the start\n", steps);
+  else
+    notes << fmt::format(". Steps {} to {} followed the {}-step one ({:.6g} rather than {:.6g} at step {}): the run "
+                         "differs from one trained to {} steps from the start (a schedule with --min-lr-ratio 1 "
+                         "after its warmup extends exactly)\n",
+                         differs, done - 1, recorded.steps, before.lr_at(differs), after.lr_at(differs), differs, steps);
+  nn::write_atomically(dir + "/config.json", config_text(extended));
+}
+
 // Says where a resumed run will not be bit-identical to an uninterrupted one.
 void note_differences(const TrainOptions& recorded, std::ostream& notes) {
   if (recorded.threads != get_num_threads())
@@ -559,17 +627,14 @@ void note_differences(const TrainOptions& recorded, std::ostream& notes) {
                          recorded.blas, blas_kernels());
 }
 
-// The run of `options` (checked, as `o` with this machine's threads and BLAS) on `model`, built
+// The run of the options `o` (checked, with this machine's threads and BLAS) on `model`, built
 // from `gen`, which then draws the training batches.
 template <class Model>
-TrainResult run(Model& model, const TrainOptions& options, const TrainOptions& o, const Task& task, Generator& gen,
+TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator& gen,
                 std::ostream& progress, bool tty, const TrainObserver& observe) {
   constexpr bool decoder_only = std::is_same_v<Model, nn::Transformer>;
   optim::Adam opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  // At most half the run warms up, so that even a 1-step run has a schedule.
-  const std::size_t warmup = std::clamp<std::size_t>(o.warmup, 1, std::max<std::size_t>(1, o.steps / 2));
-  const optim::Schedule schedule =
-      optim::Schedule::warmup_cosine(o.lr, warmup, std::max(o.steps, warmup + 1), o.lr * o.min_lr_ratio);
+  const optim::Schedule schedule = training_schedule(o);
 
   fs::path out = fs::path(o.out.empty() ? "runs/" + o.task : o.out).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "runs/x/" is "runs/x"
@@ -577,7 +642,9 @@ TrainResult run(Model& model, const TrainOptions& options, const TrainOptions& o
   const std::string metrics_file = folder.path() + "/metrics.jsonl", snapshots_file = folder.path() + "/snapshots.jsonl";
   std::size_t first_step = 0;
   if (o.resume) {
-    note_differences(options, progress);  // a resumed run's options are its config.json's
+    const TrainOptions recorded = read_config(folder.path());
+    check_resume_options(recorded, o);
+    note_differences(recorded, progress);
     const CheckpointCheck check{.max_step = o.steps, .updated = updated_parameters(model, task)};
     CheckpointState state;
     const auto restore = [&](const nn::Checkpoint& c) { state = restore_checkpoint(c, model, opt, check); };
@@ -588,9 +655,11 @@ TrainResult run(Model& model, const TrainOptions& options, const TrainOptions& o
     if (resumed) {
       first_step = state.step;
       gen.set_state(state.rng);
+      progress << fmt::format("qkv train: resuming {} from step {} of {}\n", folder.path(), first_step, recorded.steps);
     } else {
       progress << fmt::format("qkv train: {} has no checkpoint yet; training from step 0\n", folder.path());
     }
+    if (o.steps != recorded.steps) extend(folder.path(), recorded, o.steps, first_step, progress);
     truncate_metrics(metrics_file, first_step);
     // A run that starts again from step 0 writes its step-0 snapshot again.
     if (o.snapshot_every && first_step > 0) truncate_metrics(snapshots_file, first_step, snapshot_max_depth);
@@ -652,9 +721,21 @@ TrainResult run(Model& model, const TrainOptions& options, const TrainOptions& o
         evaluate(model, task, o.target_batches, o.batch, o.seed, o.mask_padding).accuracy >= o.target)
       result.steps_to_target = step + 1;
     observed(step + 1);
-    if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step) {
+    // A signal is answered once: a caller that goes on after Interrupted is not stopped again.
+    const int signal = step + 1 < last_step ? stop_signal.exchange(0) : 0;
+    if (signal && folder.replacing())  // the run it would replace stays whole, as --force promises
+      throw Interrupted(signal, fmt::format("interrupted at step {} of {}, before its first checkpoint: {} keeps the run "
+                                            "it had",
+                                            step + 1, o.steps, out.string()));
+    if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step || signal) {
       save_checkpoint(folder.path(), model, opt, {.step = step + 1, .rng = gen.state()});
       folder.checkpointed();
+    }
+    if (signal) {
+      if (tty) progress << "\n";
+      throw Interrupted(signal, fmt::format("interrupted at step {} of {}; the checkpoint of step {} is in {}; continue "
+                                            "with --resume",
+                                            step + 1, o.steps, step + 1, folder.path()));
     }
   }
   if (tty) progress << "\n";
@@ -676,7 +757,44 @@ std::unique_ptr<Model> build(const Config& config, Generator& gen) {
 
 }  // namespace
 
+optim::Schedule training_schedule(const TrainOptions& o) {
+  // At most half the run warms up, so that even a 1-step run has a schedule.
+  const std::size_t warmup = std::clamp<std::size_t>(o.warmup, 1, std::max<std::size_t>(1, o.steps / 2));
+  return optim::Schedule::warmup_cosine(o.lr, warmup, std::max(o.steps, warmup + 1), o.lr * o.min_lr_ratio);
+}
+
+void check_resume_options(const TrainOptions& recorded, const TrainOptions& options) {
+  if (options.steps < recorded.steps)
+    throw UsageError(fmt::format("--steps: is {}, fewer than the {} of the run in {}: a resume can extend a run, not "
+                                 "shorten it",
+                                 options.steps, recorded.steps, recorded.out));
+  TrainOptions same = options;  // but for what a resume may change
+  same.steps = recorded.steps;
+  same.threads = recorded.threads;
+  same.blas = recorded.blas;
+  if (config_json(same) != config_json(recorded))
+    throw UsageError(fmt::format("--resume: the options differ from those {}/config.json records; a resume may change "
+                                 "only --steps (and --threads)",
+                                 recorded.out));
+}
+
+namespace {
+
+void request_stop(int signal) { stop_signal.store(signal); }
+
+}  // namespace
+
+void stop_on_signals() {
+  struct sigaction action {};
+  action.sa_handler = request_stop;
+  action.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops the program at once
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
 TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe) {
+  if (const int signal = stop_signal.exchange(0)) throw Interrupted(signal, "interrupted before the run started");
   TrainOptions o = options;
   o.threads = get_num_threads();
   if (!o.resume) o.blas = blas_kernels();
@@ -686,9 +804,9 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   Generator gen(o.seed);
   if (o.encoder_layers) {
     if (observe) fail("train", "an observer sees decoder-only models, and the {} task trains an encoder-decoder", o.task);
-    return run(*build<nn::EncoderDecoder>(encoder_decoder_config(o), gen), options, o, *task, gen, progress, tty, observe);
+    return run(*build<nn::EncoderDecoder>(encoder_decoder_config(o), gen), o, *task, gen, progress, tty, observe);
   }
-  return run(*build<nn::Transformer>(o.model, gen), options, o, *task, gen, progress, tty, observe);
+  return run(*build<nn::Transformer>(o.model, gen), o, *task, gen, progress, tty, observe);
 }
 
 }  // namespace qkv::cli

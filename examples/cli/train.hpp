@@ -13,6 +13,7 @@
 #include "examples/cli/tasks/task.hpp"
 #include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
+#include "qkv/optim/schedule.hpp"
 
 namespace qkv::cli {
 
@@ -96,6 +97,29 @@ std::string config_text(const TrainOptions& options);
 TrainOptions read_config(const std::string& dir);
 // The same from the text of a config.json; `file` names it in messages.
 TrainOptions parse_config(std::string_view text, const std::string& file);
+
+// The learning rate along a run: a linear warmup of options.warmup steps (at most half the run),
+// then a cosine down to lr · min_lr_ratio at options.steps.
+optim::Schedule training_schedule(const TrainOptions& options);
+
+// A resume (options.resume) may raise options.steps, which extends the run: config.json records the
+// new steps, and the learning rate follows the schedule of the new steps from the checkpoint on
+// (equal to a run trained to the new steps from the start when the steps already taken had the
+// same learning rates, as after a warmup with min_lr_ratio 1; train says which). Any other option
+// that differs from the run's config.json is refused with UsageError, as is a number of steps
+// below the checkpoint's.
+void check_resume_options(const TrainOptions& recorded, const TrainOptions& options);
+
+// A run stopped by a signal after it committed a checkpoint of its last step (see
+// stop_on_signals); the program exits with 128 + signal.
+struct Interrupted : std::runtime_error {
+  Interrupted(int signal, const std::string& message) : std::runtime_error(message), signal(signal) {}
+  int signal;
+};
+// From now on, SIGINT or SIGTERM ask the run in progress to stop: it finishes its step, commits a
+// checkpoint and throws Interrupted. A second signal ends the program at once (the checkpoint
+// already committed stays whole).
+void stop_on_signals();
 
 // The defaults of each task (its TaskSpec's), with which `qkv train TASK` reaches its target.
 TrainOptions default_options(const std::string& task, std::size_t n = 0);

@@ -146,12 +146,14 @@ case "$scenario" in
   force-replaces)  # the old run stays until the new one's first checkpoint
     small_run
     old_model="$(sha256sum <run/model.safetensors)"
-    "$qkv" train brackets --out run --force --steps 100000 --checkpoint-every 100000 >/dev/null 2>&1 &
+    "$qkv" train brackets --out run --force --steps 100000 --checkpoint-every 100000 >/dev/null 2>err.txt &
     for _ in $(seq 100); do [ -s run.new.tmp/metrics.jsonl ] && break; sleep 0.1; done
     [ -d run.new.tmp ] || fail "the replacement does not train in run.new.tmp"
     [ "$(sha256sum <run/model.safetensors)" = "$old_model" ] || fail "the old run changed before the new one's checkpoint"
     kill $!
     wait $! 2>/dev/null
+    code=$? err="$(cat err.txt)"
+    expect 143 "before its first checkpoint: run keeps the run it had"
     "$qkv" eval run >/dev/null || fail "the old run no longer loads after the replacement was killed"
     grep -q '"steps": 40' run/config.json || fail "the old config changed"
     run "$qkv" train brackets --out run --force --steps 12 --checkpoint-every 5 --layers 1 --heads 1 --d-model 8
@@ -249,6 +251,10 @@ case "$scenario" in
     expect 2 "--batch: needs about"
     run timeout 10 "$qkv" train brackets --out big --layers 10000 --d-model 4096 --heads 8
     expect 2 "--layers: needs about"
+    run timeout 10 "$qkv" train brackets --out big --heads 1000000 --d-head 1
+    expect 2 "--heads: needs about"
+    run timeout 10 "$qkv" train brackets --out big --max-len 1000000
+    expect 2 "--max-len: needs about"
     [ ! -e big ] || fail "a refused run created its folder"
     ;;
   generate)  # a trained induction model continues the copy, the same with and without the KV cache
@@ -266,7 +272,7 @@ case "$scenario" in
     expect 2 "--tokens: 22 after 11 input tokens pass the model's 32 positions"
     small_run brackets
     run "$qkv" generate brackets --input "(("
-    expect 1 "brackets: a brackets model predicts positions, not the next token: it cannot generate"
+    expect 2 "brackets: a brackets model predicts positions, not the next token: it cannot generate"
     ;;
   seq2seq)  # a translate model writes held-out sentences' translations, the same with and without the KV cache
     # 800 steps: a test of the program trains translate with its defaults to its target.
@@ -300,6 +306,111 @@ SENTENCES
     expect 2 "--kv-heads: is not for the translate task's encoder-decoder"
     run "$qkv" train brackets --out other --encoder-layers 2
     expect 2 "--encoder-layers: is for seq2seq tasks"
+    ;;
+  html-to-folder)  # a page written over a folder left the whole page as its temporary file
+    small_run
+    mkdir page.html
+    run "$qkv" inspect run --html page.html
+    expect 1 "page.html: renaming the temporary file failed"
+    [ ! -e page.html.tmp ] || fail "page.html.tmp is left"
+    ;;
+  checkpoint-link)  # a link out of the run, or to itself: named by eval, repaired by a resume
+    for target in /etc checkpoint; do
+      small_run
+      ln -sfn "$target" run/checkpoint
+      run "$qkv" eval run
+      expect 1 "run/checkpoint: is a link to '$target', not a link to one of the run's checkpoint-STEP folders"
+      run "$qkv" train brackets --out run --resume
+      expect 0 "resuming from run/checkpoint-00000040 (step 40), the newest checkpoint that loads; passed over:"
+      [ "$(readlink run/checkpoint)" = checkpoint-00000040 ] || fail "the link to $target was not repaired"
+      "$qkv" eval run >/dev/null || fail "the repaired run does not load"
+      rm -rf run
+    done
+    # A folder where the run keeps its link to a file: refused before anything is written.
+    small_run
+    rm run/model.safetensors
+    mkdir run/model.safetensors
+    before="$(checksum)"
+    run "$qkv" train brackets --out run --resume --steps 60
+    expect 1 "run/model.safetensors: is a folder, where the run keeps its link to checkpoint/model.safetensors"
+    [ "$before" = "$(checksum)" ] && [ ! -e run/model.safetensors.tmp ] && [ ! -e run/checkpoint-00000060 ] \
+      || fail "the refused resume wrote to the run"
+    ;;
+  optimizer-state)  # a checkpoint that loads but is no state a run reaches is damaged: named, passed over
+    # as long as the old value: the header keeps its length
+    for rng in "1 2 3 4 5" "-1 -1 -1 -1" "0 0 0 0"; do
+      small_run
+      RNG="$rng" perl -0777 -pi -e 's/"rng":"([^"]*)"/sprintf(q("rng":"%-*s"), length($1), $ENV{RNG})/e' \
+        run/checkpoint-00000040/optimizer.safetensors
+      run "$qkv" train brackets --out run --resume
+      expect 0 "run/checkpoint-00000040/optimizer.safetensors: 'rng' = \"$rng"
+      grep -qF "resuming from run/checkpoint-00000030 (step 30)" <<<"$err" || fail "no fall-back: $err"
+      rm -rf run
+    done
+    # Adam's average of squares made negative: its first value, found through the header.
+    small_run
+    perl -0777 -pi -e 'my $n = unpack("Q<", substr($_, 0, 8)); substr($_, 8, $n) =~ /"0\.exp_avg_sq":\{[^}]*"data_offsets":\[(\d+)/
+      or die "no 0.exp_avg_sq"; substr($_, 8 + $n + $1, 4) = pack("f<", -2)' run/checkpoint-00000040/optimizer.safetensors
+    run "$qkv" train brackets --out run --resume
+    expect 0 "'0.exp_avg_sq' holds -2 at element 0, but an average of squares cannot be negative"
+    grep -qF "resuming from run/checkpoint-00000030 (step 30)" <<<"$err" || fail "no fall-back: $err"
+    ;;
+  interrupt)  # Ctrl-C or a TERM lost every step since the last checkpoint, with no message
+    # Stops a run when it has printed $1 (after it logged a step), with signal $2; its exit code
+    # in $code, its stderr in $err, and the step of its checkpoint in $step.
+    stop_when() {
+      for _ in $(seq 200); do grep -qF "$1" err.txt && [ -s run/metrics.jsonl ] && break; sleep 0.1; done
+      kill -"$2" "$pid"
+      wait "$pid"
+      code=$?
+      err="$(cat err.txt)"
+      step="$(sed -nE 's/.*interrupted at step ([0-9]+) of.*/\1/p' <<<"$err")"
+      [ -n "$step" ] && [ "$(readlink run/checkpoint)" = "$(printf 'checkpoint-%08d' "$step")" ] \
+        || fail "no checkpoint of the step it stopped at: $err"
+    }
+    "$qkv" train brackets --out run --steps 1000000 --checkpoint-every 1000000 --layers 1 --heads 1 --d-model 8 \
+      >/dev/null 2>err.txt &
+    pid=$!
+    stop_when "" INT
+    expect 130 "interrupted at step $step of 1000000; the checkpoint of step $step is in run; continue with --resume"
+    first="$step"
+    "$qkv" train brackets --out run --resume >/dev/null 2>err.txt &
+    pid=$!
+    stop_when "qkv train: resuming run from step $first of 1000000" TERM
+    expect 143 "interrupted at step"
+    [ "$step" -ge "$first" ] || fail "stopped at step $step, before the $first it resumed from"
+    ;;
+  extend)  # --resume --steps N extends a run; fewer steps, or other options, are refused
+    small_run
+    run "$qkv" train brackets --out run --resume --steps 60
+    expect 0 "extending run from 40 to 60 steps"
+    grep -q '"steps": 60' run/config.json && [ -d run/checkpoint-00000060 ] || fail "the run was not extended"
+    before="$(checksum)"
+    run "$qkv" train brackets --out run --resume --steps 50
+    expect 2 "--steps: is 50, fewer than the 60 of the run in run"
+    run "$qkv" train brackets --out run --resume --lr 0.1
+    expect 2 "--resume: the run's options come from its config.json (but --steps, which extends it): drop --lr"
+    [ "$before" = "$(checksum)" ] || fail "a refused resume changed the run"
+    ;;
+  experiment-force)  # a rerun silently replaced an experiment's results
+    "$qkv" experiment causal --steps 2 --seeds 1 --out e >/dev/null 2>&1 || fail "the experiment did not run"
+    before="$(sha256sum e/results.json)"
+    run "$qkv" experiment causal --steps 3 --seeds 1 --out e
+    expect 2 "--out e: holds an experiment's results already; give --force to replace them"
+    [ "$before" = "$(sha256sum e/results.json)" ] || fail "the results changed"
+    run "$qkv" experiment causal --steps 3 --seeds 1 --out e --force
+    expect 0 "qkv experiment: wrote e/results.json"
+    grep -q '"steps": 3' e/results.json || fail "--force did not replace the results"
+    ;;
+  term-dumb)  # colours and in-place lines only for a terminal that shows them
+    small_run
+    has_escape() { grep -q $'\033\\[' "$1"; }
+    TERM=xterm script -qec "$qkv inspect run" /dev/null >color.txt
+    has_escape color.txt || fail "no colour on a terminal"
+    TERM=dumb script -qec "$qkv inspect run" /dev/null >plain.txt
+    ! has_escape plain.txt || fail "colour with TERM=dumb"
+    TERM=dumb script -qec "$qkv train brackets --out other --steps 20" /dev/null >train.txt
+    ! has_escape train.txt || fail "escapes in train's progress with TERM=dumb"
     ;;
   *)
     fail "no scenario '$scenario'"

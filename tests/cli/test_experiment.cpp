@@ -10,12 +10,14 @@
 #include "examples/cli/charts.hpp"
 #include "examples/cli/tasks/tasks.hpp"
 #include "qkv/core/runtime.hpp"
+#include "qkv/nn/files.hpp"
 #include "tests/cli/short_run.hpp"
 
 using namespace qkv;
 using namespace qkv::cli;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
+using Catch::Matchers::Equals;
 
 namespace {
 
@@ -98,9 +100,23 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
   const nlohmann::json file = nlohmann::json::parse(in);
   CHECK(file.at("runs").size() == 8);
 
+  // Its results are not replaced without --force: refused before anything is written.
+  const std::string results = nn::read_file(e.out + "/results.json", 1 << 24);
+  ExperimentOptions rerun = e;
+  rerun.seeds = 1;
+  CHECK_THAT(error_message<UsageError>([&] { run_experiment(rerun, progress, false); }),
+             Equals("--out " + e.out + ": holds an experiment's results already; give --force to replace them"));
+  CHECK(nn::read_file(e.out + "/results.json", 1 << 24) == results);
+  std::filesystem::remove(e.out + "/results.json");  // a run that died before it wrote results: its runs count too
+  CHECK_THROWS_AS(run_experiment(rerun, progress, false), UsageError);
+
   // The same seeds again: every number but the time is the same.
   ExperimentOptions again = tiny("causal", "b");
   const ExperimentResult b = run_experiment(again, progress, false);
+  again.force = true;  // replaces b's results with the same numbers
+  const ExperimentResult replaced = run_experiment(again, progress, false);
+  REQUIRE(replaced.runs.size() == b.runs.size());
+  for (std::size_t i = 0; i < b.runs.size(); ++i) CHECK(replaced.runs[i].at("curve") == b.runs[i].at("curve"));
   REQUIRE(b.runs.size() == a.runs.size());
   for (std::size_t i = 0; i < a.runs.size(); ++i)
     for (const char* key : {"accuracy", "steps_to_target", "sigma_init", "sigma", "score_asymmetry", "curve"})

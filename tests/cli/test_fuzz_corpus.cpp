@@ -9,6 +9,7 @@
 #include <set>
 
 #include "examples/cli/checkpoint.hpp"
+#include "examples/cli/snapshot.hpp"
 #include "fuzz/fixture.hpp"
 
 using namespace qkv;
@@ -27,6 +28,8 @@ std::string verdict(const fuzz::Fixture& run, const std::string& role, const std
   try {
     if (role == "config.json") {
       cli::parse_config(bytes, "fuzz/config.json");
+    } else if (role == "snapshots.jsonl") {
+      cli::parse_history("", bytes, run.options.model, "fuzz");
     } else {
       const nn::Safetensors file = nn::parse_safetensors(bytes, "fuzz/" + role);
       const nn::Safetensors model = role == "model.safetensors" ? file : nn::parse_safetensors(run.model_file, "m");
@@ -75,7 +78,21 @@ TEST_CASE("every file of the fuzz corpus loads, or is rejected naming its fault"
       {"step-missing", {"model.safetensors", "fuzz/model.safetensors: no 'step' in its metadata"}},
       {"step-not-number", {"model.safetensors", "step '1x' is not a number"}},
       {"step-other", {"model.safetensors", "the model is from step 2 but the optimizer from step 1"}},
-      {"rng-short", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' is not four numbers"}},
+      {"rng-short", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' = \"1 2 3\" is 3 words, not 4 numbers"}},
+      {"rng-long", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' = \"1 2 3 4 5\" is 5 words, not 4 numbers"}},
+      {"rng-negative", {"optimizer.safetensors", "holds '-1', not an unsigned 64-bit number"}},
+      {"rng-zero", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' = \"0 0 0 0\" is all zeros"}},
+      {"optimizer-exp-avg-sq-negative",
+       {"optimizer.safetensors", "fuzz/optimizer.safetensors: Optimizer::load_state_dict: '2.exp_avg_sq' holds -0.5 at "
+                                 "element 1, but an average of squares cannot be negative"}},
+      {"optimizer-exp-avg-inf", {"optimizer.safetensors", "fuzz/optimizer.safetensors: tensor '2.exp_avg' holds inf at flat index 1"}},
+      {"snapshots.jsonl", {"snapshots.jsonl", ""}},
+      {"snapshots-layers-null", {"snapshots.jsonl", "fuzz/snapshots.jsonl (line 2): 'layers' is not an array"}},
+      {"snapshots-heads-null", {"snapshots.jsonl", "(line 2): 'heads' is not an array, where the run's config.json has 1"}},
+      {"snapshots-heads-many", {"snapshots.jsonl", "(line 2): 'heads' is 1000 entries, where the run's config.json has 1"}},
+      {"snapshots-composition-negative", {"snapshots.jsonl", "(line 2): 'composition' is not an array of at most 0 pairs"}},
+      {"snapshots-input-float", {"snapshots.jsonl", "(line 2): 'input'[0] is 1e+300, not a whole number"}},
+      {"snapshots-step-float", {"snapshots.jsonl", "(line 2): 'step' is 1e+300, not a whole number"}},
       {"optimizer-step-negative", {"optimizer.safetensors", "'0.step' = -1 is not a step count"}},
       {"optimizer-buffer-missing", {"optimizer.safetensors", "parameter 3 has a step count but no '3.exp_avg_sq'"}},
       {"optimizer-state-missing", {"optimizer.safetensors", "parameter 3 has no state after 1 steps of training"}},

@@ -1,5 +1,7 @@
 #include "tests/helpers.hpp"
 
+#include <functional>
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -104,7 +106,7 @@ TEST_CASE("snapshots: the history of a run folder, a line cut short, a broken li
   TrainOptions o = short_run("induction", "history", 30, 10);
   o.snapshot_every = 10;
   train(o, quiet, false);
-  const TrainingHistory h = read_history(o.out);
+  const TrainingHistory h = read_history(o.out, o.model);
   CHECK(h.logged.size() == 3);  // log_every 10
   REQUIRE(h.snapshots.size() == 4);
   CHECK(h.snapshots[3].step == 30);
@@ -115,13 +117,13 @@ TEST_CASE("snapshots: the history of a run folder, a line cut short, a broken li
   // A kill while the last line was written: that line is left out.
   const std::string file = o.out + "/snapshots.jsonl";
   append(file, "{\"step\": 40, \"accur");
-  CHECK(read_history(o.out).snapshots.size() == 4);
+  CHECK(read_history(o.out, o.model).snapshots.size() == 4);
   // A broken line before the last is named.
   append(file, "\n{\"step\": 50}\n");
-  CHECK_THROWS_WITH(read_history(o.out), Contains("snapshots.jsonl (line 5)"));
+  CHECK_THROWS_WITH(read_history(o.out, o.model), Contains("snapshots.jsonl (line 5)"));
   nn::write_atomically(file, nn::read_file(file, 1 << 24).substr(0, nn::read_file(file, 1 << 24).find("{\"step\": 40")));
   append(file, "{\"step\": 50}\n");
-  CHECK_THROWS_WITH(read_history(o.out), Contains("snapshots.jsonl (line 5)") && Contains("accuracy"));
+  CHECK_THROWS_WITH(read_history(o.out, o.model), Contains("snapshots.jsonl (line 5)") && Contains("accuracy"));
 
   // Hostile or inconsistent lines are named, never drawn.
   nn::write_atomically(file, nn::read_file(file, 1 << 24).substr(0, nn::read_file(file, 1 << 24).find("{\"step\": 50")));
@@ -132,16 +134,40 @@ TEST_CASE("snapshots: the history of a run folder, a line cut short, a broken li
                                   {18446744073709551615ULL, "'step' is 18446744073709551615"}}) {
     line["step"] = step;
     nn::write_atomically(file, good + line.dump() + "\n");
-    CHECK_THROWS_WITH(read_history(o.out), Contains("snapshots.jsonl (line 5): " + why));
+    CHECK_THROWS_WITH(read_history(o.out, o.model), Contains("snapshots.jsonl (line 5): " + why));
   }
   line["step"] = 40;
   line["layers"] = nlohmann::json::array();
   nn::write_atomically(file, good + line.dump() + "\n");
-  CHECK_THROWS_WITH(read_history(o.out), Contains("(line 5): other layers, heads or input length than the first"));
+  CHECK_THROWS_WITH(read_history(o.out, o.model), Contains("(line 5): 'layers' is 0 entries, where the run's config.json has 2"));
   line = read_json_lines(file).front();
   line["input"].push_back(3);
   nn::write_atomically(file, good + line.dump() + "\n");
-  CHECK_THROWS_WITH(read_history(o.out), Contains("(line 5): an attention of 24 rows for 25 tokens"));
+  CHECK_THROWS_WITH(read_history(o.out, o.model), Contains("(line 5): an attention of 24 rows for 25 tokens"));
+  // Every size is the run's own, checked by type before it is used: no field is trusted.
+  const nlohmann::json valid = parse_json_lines(good, file).back();
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& why) {
+    nlohmann::json bad = valid;
+    edit(bad);
+    nn::write_atomically(file, good + bad.dump() + "\n");
+    CHECK_THROWS_WITH(read_history(o.out, o.model), Contains("snapshots.jsonl (line 5): " + why));
+  };
+  refused([](auto& j) { j["layers"] = nullptr; }, "'layers' is not an array, where the run's config.json has 2");
+  refused([](auto& j) { j["layers"][1]["heads"] = nullptr; }, "'heads' is not an array, where the run's config.json has 1");
+  refused([](auto& j) { j["layers"][0]["heads"].push_back(j["layers"][0]["heads"][0]); },
+          "'heads' is 2 entries, where the run's config.json has 1");
+  REQUIRE(valid.at("composition").size() == 1);  // layer 0's head into layer 1's
+  refused([](auto& j) { j["composition"][0]["from_layer"] = -1; }, "'from_layer' is -1, not a whole number in [0, 1]");
+  refused([](auto& j) { j["composition"][0]["from_layer"] = 1e300; }, "'from_layer' is 1e+300, not a whole number in [0, 1]");
+  refused([](auto& j) { j["composition"][0]["to_head"] = 1; }, "'to_head' is 1, not a whole number in [0, 0]");
+  refused([](auto& j) { j["composition"][0]["to_layer"] = 0; }, "a composition from layer 0 into layer 0, not a later one");
+  refused([](auto& j) { j["composition"].push_back(j["composition"][0]); }, "'composition' is not an array of at most 1 pairs");
+  refused([](auto& j) { j["input"][0] = 1e300; }, "'input'[0] is 1e+300, not a whole number in [0, " +
+                                                      std::to_string(o.model.vocab_size - 1) + "]");
+  refused([](auto& j) { j["input"][2] = -4; }, "'input'[2] is -4");
+  refused([&](auto& j) { j["input"] = std::vector<int>(o.model.max_len + 1, 1); },
+          "'input' is " + std::to_string(o.model.max_len + 1) + " tokens, not 1 to " + std::to_string(o.model.max_len));
+  refused([](auto& j) { j["probes"] = nlohmann::json::array(); }, "'probes' is not an object");
   nn::write_atomically(file, good);
 
   // The page draws the curves and the attention at a few snapshots.

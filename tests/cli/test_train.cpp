@@ -12,6 +12,8 @@
 #include "qkv/nn/safetensors.hpp"
 #include "tests/cli/short_run.hpp"
 
+#include <csignal>
+
 using namespace qkv;
 using namespace qkv::cli;
 using qkv::test::check_same_weights;
@@ -115,6 +117,81 @@ TEST_CASE("a resumed run ends with weights bit-identical to an uninterrupted run
   CHECK(train(rest, quiet, false).steps == 40);
 
   check_same_weights(whole.out, rest.out);
+}
+
+TEST_CASE("a run stopped by SIGINT or SIGTERM commits a checkpoint of its last step and resumes from it to the same weights") {
+  std::ostringstream notes;
+  TrainOptions whole = short_run("brackets", "signal_whole", 40);
+  train(whole, notes, false);
+  for (const int signal : {SIGINT, SIGTERM}) {
+    INFO(signal);
+    TrainOptions first = short_run("brackets", "signal", 40);  // checkpoints only at the end
+    stop_on_signals();
+    const auto send = [&](std::size_t step, const nn::Transformer&) {
+      if (step == 13) std::raise(signal);
+    };
+    try {
+      train(first, notes, false, send);
+      FAIL("the run was not stopped");
+    } catch (const Interrupted& e) {
+      CHECK(e.signal == signal);
+      CHECK_THAT(e.what(), Catch::Matchers::Contains("interrupted at step 13 of 40; the checkpoint of step 13 is in " + first.out));
+    }
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    CHECK(nn::committed_checkpoint(first.out) == first.out + "/checkpoint-00000013");
+    TrainOptions rest = read_config(first.out);
+    rest.resume = true;
+    notes.str("");
+    CHECK(train(rest, notes, false).steps == 40);
+    CHECK_THAT(notes.str(), Catch::Matchers::Contains("resuming " + first.out + " from step 13 of 40"));
+    check_same_weights(whole.out, rest.out);
+    std::filesystem::remove_all(first.out);
+  }
+  std::filesystem::remove_all(whole.out);
+}
+
+TEST_CASE("a resume with more steps extends the run, equal to a longer run where the schedule allows it, and says where not") {
+  std::ostringstream notes;
+  // A constant learning rate after the warmup: the steps taken had the longer run's rates.
+  TrainOptions whole = short_run("brackets", "extend_whole", 80, 20);
+  whole.min_lr_ratio = 1;
+  train(whole, notes, false);
+  TrainOptions first = short_run("brackets", "extend", 40, 20);
+  first.min_lr_ratio = 1;
+  train(first, notes, false);
+  // The run in `dir` resumed to `steps`, with what it said.
+  const auto extended = [&](const std::string& dir, std::size_t steps) {
+    TrainOptions more = read_config(dir);
+    more.resume = true;
+    more.steps = steps;
+    notes.str("");
+    CHECK(train(more, notes, false).steps == steps);
+    return notes.str();
+  };
+  CHECK_THAT(extended(first.out, 80), Catch::Matchers::Contains("extending " + first.out + " from 40 to 80 steps") &&
+                                          Catch::Matchers::Contains("the run equals one trained to 80 steps from the start"));
+  check_same_weights(whole.out, first.out);
+  CHECK(read_config(first.out).steps == 80);
+
+  // A cosine to the end: the steps taken had higher rates than a longer run's, and it says so.
+  TrainOptions cosine = short_run("brackets", "extend_cosine", 40, 20);
+  train(cosine, notes, false);
+  CHECK_THAT(extended(cosine.out, 60), Catch::Matchers::Contains("Steps 6 to 39 followed the 40-step one") &&
+                                           Catch::Matchers::Contains("the run differs from one trained to 60 steps from the start"));
+
+  // Fewer steps, or any other option changed, is refused before anything is written.
+  TrainOptions longer = read_config(cosine.out);
+  longer.resume = true;
+  longer.steps = 50;
+  CHECK_THAT(qkv::test::error_message<UsageError>([&] { train(longer, notes, false); }),
+             Catch::Matchers::Contains("--steps: is 50, fewer than the 60 of the run in " + cosine.out));
+  longer.steps = 60;
+  longer.lr = 1e-4;
+  CHECK_THAT(qkv::test::error_message<UsageError>([&] { train(longer, notes, false); }),
+             Catch::Matchers::Contains("a resume may change only --steps"));
+  CHECK(read_config(cosine.out).steps == 60);
+  for (const auto& o : {whole, first, cosine}) std::filesystem::remove_all(o.out);
 }
 
 TEST_CASE("a resume falls back to the newest checkpoint that loads, naming what it passed over") {

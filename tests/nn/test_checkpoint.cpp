@@ -1,9 +1,16 @@
 #include "tests/helpers.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+
+#include <chrono>
 #include <filesystem>
+#include <sstream>
+#include <thread>
 
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/files.hpp"
+#include "qkv/nn/layers.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;
@@ -84,6 +91,78 @@ TEST_CASE("a run folder's lock is exclusive, names its holder, and is released w
     CHECK_THROWS_WITH(RunLock(dir), Contains(dir + ": in use by another process (pid " + std::to_string(::getpid()) + ")"));
   }
   CHECK_NOTHROW(RunLock(dir));
+}
+
+TEST_CASE("a lock taken a moment ago names its holder once it writes its pid, and a shorter pid replaces a longer one") {
+  const std::string dir = scratch("lock_moment");
+  write_durably(dir + "/run.lock", "123456789012345\n");  // a holder's of long ago
+  {
+    const RunLock lock(dir);
+    CHECK(read_file(dir + "/run.lock", 100).find(std::to_string(::getpid()) + " ") == 0);
+    CHECK(read_file(dir + "/run.lock", 100).find("12345678") == std::string::npos);
+  }
+  // Another process's lock, taken just now: its pid is written 50 ms later.
+  fs::remove(dir + "/run.lock");
+  const int fd = ::open((dir + "/run.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+  std::thread holder([fd] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(::pwrite(fd, "4242\n", 5, 0) == 5);
+  });
+  CHECK_THROWS_WITH(RunLock(dir), Contains("(pid 4242)"));
+  holder.join();
+  ::close(fd);
+}
+
+TEST_CASE("a checkpoint that cannot be written leaves no partial folder or link, and nothing is written over a folder in a link's place") {
+  const std::string dir = scratch("commit_fails");
+  commit_checkpoint(dir, 10, {{"a.bin", "ten"}});
+  {
+    FileSizeLimit full(1000);
+    CHECK_THAT(runtime_error_message([&] { commit_checkpoint(dir, 20, {{"a.bin", std::string(5000, 'x')}}); }),
+               Contains("checkpoint-00000020.tmp/a.bin: writing failed"));
+  }
+  CHECK_FALSE(fs::exists(dir + "/checkpoint-00000020.tmp"));
+  CHECK(committed_checkpoint(dir) == dir + "/checkpoint-00000010");
+  // A folder of the user's where the run links a file: refused before anything is written.
+  fs::remove(dir + "/a.bin");
+  fs::create_directories(dir + "/a.bin");
+  CHECK_THAT(runtime_error_message([&] { commit_checkpoint(dir, 20, {{"a.bin", "twenty"}}); }),
+             Contains(dir + "/a.bin: is a folder, where the run keeps its link to checkpoint/a.bin"));
+  CHECK(steps_of(dir) == std::vector<std::size_t>{10});
+  CHECK_FALSE(fs::exists(fs::symlink_status(dir + "/a.bin.tmp")));
+  CHECK_FALSE(fs::exists(dir + "/checkpoint-00000020.tmp"));
+}
+
+TEST_CASE("a checkpoint link that points out of the run is named, and a resume falls back to the run's own checkpoints and repairs it") {
+  const std::string dir = scratch("bad_link");
+  const Linear model(2, 3);
+  for (const std::string target : {"/etc", "checkpoint", "../elsewhere/checkpoint-00000010"}) {
+    INFO(target);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    save_checkpoint(dir, model, {}, {.step = 10});
+    save_checkpoint(dir, model, {}, {.step = 20});
+    fs::remove(dir + "/checkpoint");
+    fs::create_symlink(target, dir + "/checkpoint");
+    const std::string fault =
+        dir + "/checkpoint: is a link to '" + target + "', not a link to one of the run's checkpoint-STEP folders";
+    CHECK_THAT(runtime_error_message([&] { committed_checkpoint(dir); }), Contains(fault));
+    std::ostringstream notes;
+    const auto found = resume_checkpoint(dir, [](const Checkpoint&) {}, notes);
+    REQUIRE(found);
+    CHECK(found->info.step == 20);
+    CHECK_THAT(notes.str(), Contains("resuming from " + dir + "/checkpoint-00000020 (step 20)") && Contains(fault));
+    CHECK(committed_checkpoint(dir) == dir + "/checkpoint-00000020");
+  }
+  // A folder in the link's place is the user's: named, never replaced.
+  fs::remove(dir + "/checkpoint");
+  fs::create_directories(dir + "/checkpoint");
+  CHECK_THAT(runtime_error_message([&] { committed_checkpoint(dir); }), Contains(dir + "/checkpoint: is not a link"));
+  CHECK_THAT(runtime_error_message([&] { save_checkpoint(dir, model, {}, {.step = 30}); }),
+             Contains(dir + "/checkpoint: is a folder"));
+  CHECK(fs::is_directory(fs::symlink_status(dir + "/checkpoint")));
 }
 
 TEST_CASE("replace_folder swaps a new folder in and removes the old one") {

@@ -52,3 +52,25 @@ TEST_CASE("write_atomically replaces a file whole, write_durably creates one, an
              Contains(dir + "/missing/y: creating the file failed"));
   CHECK(available_memory() > 1e8);
 }
+
+TEST_CASE("a write that fails leaves no temporary file behind") {
+  const std::string dir = scratch("write_fails");
+  // Renaming over a folder fails after the whole file is written.
+  std::filesystem::create_directories(dir + "/page.html");
+  CHECK_THAT(runtime_error_message([&] { write_atomically(dir + "/page.html", "<html>"); }),
+             Contains(dir + "/page.html: renaming the temporary file failed"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/page.html.tmp"));
+  CHECK(std::filesystem::is_directory(dir + "/page.html"));
+  // A full disk: the write fails part-way.
+  write_atomically(dir + "/x", "old");
+  {
+    FileSizeLimit full(1000);
+    CHECK_THAT(runtime_error_message([&] { write_atomically(dir + "/x", std::string(5000, 'a')); }),
+               Contains(dir + "/x: writing failed"));
+    CHECK_THAT(runtime_error_message([&] { write_durably(dir + "/y", std::string(5000, 'a')); }),
+               Contains(dir + "/y: writing failed"));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir + "/x.tmp"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/y"));
+  CHECK(read_file(dir + "/x", 100) == "old");
+}
