@@ -289,7 +289,7 @@ std::string to_html(const AlignmentInspection& in) {
                        h.head, score_text(h.on_input), h.held_out, h.top1, h.sigma);
     s += fmt::format("<tr><td>{}</td><td>any</td><td></td><td></td><td>{:.3f}</td><td></td></tr>\n", l, in.any_head_top1[l]);
   }
-  s += "</table>\n";
+  s += "</table>\n" + training_html(in.history);
   std::string section;
   for (const auto& [name, map] : pictures(in)) {
     const std::string kind = name.ends_with("cross-attention") ? "Cross-attention"
@@ -308,10 +308,12 @@ std::string to_html(const AlignmentInspection& in) {
 std::vector<std::string> write_svgs(const AlignmentInspection& in, const std::string& dir) {
   std::filesystem::create_directories(dir);
   std::vector<std::string> files;
-  for (const auto& [name, map] : pictures(in)) {
+  const auto write = [&](const std::string& name, const std::string& svg) {
     files.push_back((std::filesystem::path(dir) / (name + ".svg")).string());
-    nn::write_atomically(files.back(), heatmap_svg(map));
-  }
+    nn::write_atomically(files.back(), svg);
+  };
+  for (const auto& [name, map] : pictures(in)) write(name, heatmap_svg(map));
+  for (const auto& [name, svg] : training_charts(in.history)) write(name, svg);
   return files;
 }
 

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "examples/cli/inspect.hpp"  // TrainingHistory
 #include "examples/cli/tasks/task.hpp"
 #include "qkv/nn/seq2seq.hpp"
 
@@ -55,6 +56,7 @@ struct AlignmentInspection {
   std::vector<double> any_head_top1;
   // Self-attention on the input, [layer][head]: the encoder's (S, S) and the decoder's (T, T), NaN where masked.
   std::vector<std::vector<Array<double>>> encoder_attention, decoder_attention;
+  TrainingHistory history;  // metrics.jsonl; empty unless the caller reads it (read_history)
 };
 
 // A typical source of the task: the first of a fixed stream at least 3/4 of the longest length.
@@ -71,8 +73,10 @@ AlignmentInspection inspect_alignment(const nn::EncoderDecoder& model, const Seq
 // alignment_held_out, top1_held_out, sigma}], any_head_top1 (per layer), encoder_attention, decoder_attention ([layer][head] matrices)}.
 nlohmann::json to_json(const AlignmentInspection& inspection);
 void print_report(std::ostream& out, const AlignmentInspection& inspection, bool color);
+// The page: the table, the training (training_html) and every picture.
 std::string to_html(const AlignmentInspection& inspection);
-// L{l}H{h}-cross-attention.svg, encoder-L{l}H{h}-attention.svg, decoder-L{l}H{h}-attention.svg.
+// L{l}H{h}-cross-attention.svg, encoder-L{l}H{h}-attention.svg, decoder-L{l}H{h}-attention.svg, and
+// with a history training.svg.
 std::vector<std::string> write_svgs(const AlignmentInspection& inspection, const std::string& dir);
 
 }  // namespace qkv::cli

@@ -128,16 +128,19 @@ std::string curves_chart(const std::string& name, const Json& runs, const std::s
 std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines,
                         bool shared_axis) {
   std::vector<std::string> panels, series;
-  std::vector<double> top_value;  // per panel
+  std::vector<double> top_value;                   // per panel
+  std::vector<std::vector<std::size_t>> drawn;     // per panel: the series it draws, by index in `series`
   std::size_t last_step = 1;
   for (const ChartLine& line : lines) {
     const std::size_t panel = std::size_t(std::find(panels.begin(), panels.end(), line.panel) - panels.begin());
-    if (panel == panels.size()) panels.push_back(line.panel), top_value.push_back(0);
+    if (panel == panels.size()) panels.push_back(line.panel), top_value.push_back(0), drawn.emplace_back();
     double& top = top_value[panel];
     for (const auto& [step, values] : line.values)
       for (double v : values)
         if (std::isfinite(v)) top = std::max(top, v), last_step = std::max(last_step, step);
-    if (std::find(series.begin(), series.end(), line.series) == series.end()) series.push_back(line.series);
+    const std::size_t c = std::size_t(std::find(series.begin(), series.end(), line.series) - series.begin());
+    if (c == series.size()) series.push_back(line.series);
+    if (std::find(drawn[panel].begin(), drawn[panel].end(), c) == drawn[panel].end()) drawn[panel].push_back(c);
   }
   if (lines.empty()) return "";
   // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2; a loss) up to the next half.
@@ -146,10 +149,30 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   const std::size_t columns = std::min<std::size_t>(3, panels.size());
   const std::size_t rows = (panels.size() + columns - 1) / columns;
   const double panel_w = panels.size() == 1 ? 620 : 300, panel_h = panels.size() == 1 ? 260 : 190, left = 44, right = 12, above = 22, below = 34, head = 50;
-  const double legend_row = 16, legend_w = 300;
-  const std::size_t legend_columns = std::max<std::size_t>(1, std::size_t(panel_w * double(columns) / legend_w));
-  const double legend_h = legend_row * double((series.size() + legend_columns - 1) / legend_columns) + 8;
-  const double width = panel_w * double(columns) + 10, height = head + panel_h * double(rows) + legend_h;
+  // The legend: one under all panels when each draws the same series, else one under each panel,
+  // of the series it draws, so that no entry stands under a panel that does not draw it. Entries
+  // in columns as wide as the longest name needs.
+  const bool one_legend = std::all_of(drawn.begin(), drawn.end(), [&](const auto& d) { return d == drawn[0]; });
+  const double legend_row = 16;
+  const auto legend_columns = [&](const std::vector<std::size_t>& entries, double room) {
+    double longest = 0;
+    for (std::size_t c : entries) longest = std::max(longest, 6.5 * double(series[c].size()));  // 11 px, by bytes: generous
+    return std::max<std::size_t>(1, std::size_t(room / std::min(room, 34 + longest)));
+  };
+  const auto legend_height = [&](const std::vector<std::size_t>& entries, double room) {
+    const std::size_t per_row = legend_columns(entries, room);
+    return legend_row * double((entries.size() + per_row - 1) / per_row) + 8;
+  };
+  // Each row of panels, with the legends under it: where it starts, and the bottom.
+  std::vector<double> row_top = {head};
+  for (std::size_t r = 0; r < rows; ++r) {
+    double legends = 0;
+    for (std::size_t p = r * columns; !one_legend && p < std::min(panels.size(), (r + 1) * columns); ++p)
+      legends = std::max(legends, legend_height(drawn[p], panel_w));
+    row_top.push_back(row_top.back() + panel_h + legends);
+  }
+  const double width = panel_w * double(columns) + 10;
+  const double height = row_top.back() + (one_legend ? legend_height(drawn[0], width - 10) : 0);
   const double plot_w = panel_w - left - right, plot_h = panel_h - above - below;
   const double x_max = std::log10(double(last_step) + 1);
 
@@ -157,7 +180,7 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   s += fmt::format("<text x=\"8\" y=\"18\" font-size=\"13\" font-weight=\"bold\">{}</text>\n", escape_xml(title));
   s += fmt::format("<text x=\"8\" y=\"34\" fill=\"#555\">{}</text>\n", escape_xml(subtitle));
   for (std::size_t p = 0; p < panels.size(); ++p) {
-    const double x0 = double(p % columns) * panel_w + left, y0 = head + double(p / columns) * panel_h + above;
+    const double x0 = double(p % columns) * panel_w + left, y0 = row_top[p / columns] + above;
     const auto x = [&](std::size_t step) { return x0 + plot_w * std::log10(double(step) + 1) / x_max; };
     const double y_max = axis_top(top_value[p]);
     const auto y = [&](double v) { return y0 + plot_h * (1 - std::clamp(v / y_max, 0.0, 1.0)); };
@@ -202,13 +225,23 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
                        mean, colour, escape_xml((line.panel.empty() ? "" : line.panel + " / ") + line.series));
     }
   }
-  const double legend_y = head + panel_h * double(rows);
-  for (std::size_t c = 0; c < series.size(); ++c) {
-    const double lx = 10 + legend_w * double(c % legend_columns), ly = legend_y + legend_row * double(c / legend_columns);
-    s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"18\" height=\"4\" fill=\"{}\"/>\n", lx, ly + 4,
-                     palette[c % std::size(palette)]);
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n", lx + 24, ly + 10, escape_xml(series[c]));
-  }
+  // A legend's entries, from (x, y) in a room `room` wide, row by row.
+  const auto legend = [&](const std::vector<std::size_t>& entries, double x, double y, double room) {
+    const std::size_t per_row = legend_columns(entries, room);
+    const double entry_w = room / double(per_row);
+    for (std::size_t k = 0; k < entries.size(); ++k) {
+      const std::size_t c = entries[k];
+      const double lx = x + entry_w * double(k % per_row), ly = y + legend_row * double(k / per_row);
+      s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"18\" height=\"4\" fill=\"{}\"/>\n", lx, ly + 4,
+                       palette[c % std::size(palette)]);
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n", lx + 24, ly + 10, escape_xml(series[c]));
+    }
+  };
+  if (one_legend)
+    legend(drawn[0], 10, row_top.back(), width - 10);
+  else
+    for (std::size_t p = 0; p < panels.size(); ++p)
+      legend(drawn[p], double(p % columns) * panel_w + 10, row_top[p / columns] + panel_h, panel_w - 10);
   return s + "</svg>\n";
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace qkv::cli {
 
@@ -140,6 +141,13 @@ double text_width(const std::string& text, double size) {
   return 0.62 * size * double(glyphs);
 }
 
+// The room a label leaves on each side within its cells: 0.35 em, about a space, so that two
+// labels side by side ("21" "12") do not read as one ("2112").
+double label_gap(double size) { return 0.35 * size; }
+
+// Whether `text` in a font of `size` px fits a room `room` px wide, with the gap beside it.
+bool fits(const std::string& text, double size, double room) { return text_width(text, size) + label_gap(size) <= room; }
+
 // The most characters of any label (at least 1).
 std::size_t widest(const std::vector<std::string>& labels) {
   double most = 1;
@@ -149,28 +157,43 @@ std::size_t widest(const std::vector<std::string>& labels) {
 
 }  // namespace
 
-std::string heatmap_svg(const Heatmap& map) {
+std::string heatmap_svg(const Heatmap& map, Cells cells) {
   const std::size_t R = map.values.shape()[0], C = map.values.shape()[1];
   const std::vector<std::size_t> rows = sample(R, heatmap_max_cells), cols = sample(C, heatmap_max_cells);
   const double scale = scale_of(map);
   const double cell = std::clamp(std::floor(360.0 / double(std::max(rows.size(), cols.size()))), 8.0, 22.0);
   const double font = std::min(11.0, std::floor(cell * 0.8));
-  // Column labels upright, in a smaller font if they need it; written downwards only when even
-  // 6 px would not fit them in a cell.
+  // Column labels upright: on one line if each pair of neighbours fits its two cells with room
+  // between them; else on two or three lines in turn, the neighbours on a line two or three cells
+  // apart, on as few lines as give the full font (or the largest); in a smaller font down to 6 px;
+  // written downwards only when even three lines at 6 px would not fit them.
   const std::string longest_col(widest(map.cols), 'x');
-  const double col_font = std::min(font, std::floor(cell / (text_width(longest_col, 1) + 0.05)));
+  double col_font = 0;
+  std::size_t col_lines = 1;
+  for (std::size_t n = 1; n <= 3 && col_font < font; ++n) {
+    double pair = 1;  // the most characters of two labels n columns apart (of one, when none is)
+    for (std::size_t c = 0; c < cols.size(); ++c)
+      pair = std::max(pair, (text_width(map.cols[cols[c]], 1) +
+                             (c + n < cols.size() ? text_width(map.cols[cols[c + n]], 1) : 0)) / 0.62);
+    // Centres n cells apart: half of each label's width, and the gap between them.
+    const auto fits_line = [&](double size) { return 0.62 * size * pair / 2 + label_gap(size) <= double(n) * cell; };
+    double size = font;
+    while (size > 6 && !fits_line(size)) --size;
+    if (size > col_font && fits_line(size)) col_font = size, col_lines = n;
+  }
   const bool upright = col_font >= 6;
   // Position indices: every k-th, so that each fits its cells.
   const double index_font = std::min(9.0, font);
   const std::string widest_index = std::to_string(std::max(R, C) - 1);
   std::size_t every = 1;
   for (std::size_t k : {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000})
-    if (every = k; text_width(widest_index, index_font) + 2 <= double(k) * cell) break;
+    if (every = k; fits(widest_index, index_font, double(k) * cell)) break;
   const auto axis_title = [&](const std::string& axis) { return map.indexed ? axis + " position" : axis; };
   const bool sampled = rows.size() < R || cols.size() < C;
 
   const double title_h = sampled ? 36 : 22, axis_h = 14, index_h = map.indexed ? index_font + 4 : 0;
-  const double label_h = upright ? col_font + 4 : text_width(longest_col, font) + 6;
+  const double line_h = col_font + 2;
+  const double label_h = upright ? line_h * double(col_lines) + 2 : text_width(longest_col, font) + 6;
   const double top = title_h + axis_h + index_h + label_h;
   const double index_w = map.indexed ? text_width(widest_index, index_font) + 6 : 0;
   const double left = 18 + index_w + text_width(std::string(widest(map.rows), 'x'), font) + 6;
@@ -211,9 +234,9 @@ std::string heatmap_svg(const Heatmap& map) {
   s += "</g>\n";
   for (std::size_t c = 0; c < cols.size(); ++c) {
     const double x = left + cell * (double(c) + 0.5);
-    if (upright)
-      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\">{}</text>\n", x, top - 4,
-                       col_font, escape_xml(map.cols[cols[c]]));
+    if (upright)  // column c on line c mod col_lines, the first nearest the cells
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\">{}</text>\n", x,
+                       top - 4 - line_h * double(c % col_lines), col_font, escape_xml(map.cols[cols[c]]));
     else
       s += fmt::format("<text transform=\"translate({:.1f},{:.1f}) rotate(-90)\">{}</text>\n", x + font * 0.35, top - 4,
                        escape_xml(map.cols[cols[c]]));
@@ -227,16 +250,36 @@ std::string heatmap_svg(const Heatmap& map) {
   const auto name = [&](const std::string& axis, std::size_t i, const std::string& label) {
     return map.indexed ? fmt::format("{} {} ({})", axis, i, label) : fmt::format("{} {}", axis, label);
   };
-  s += fmt::format("<g shape-rendering=\"crispEdges\" transform=\"translate({:.1f},{:.1f})\">\n", left, top);
-  for (std::size_t r = 0; r < rows.size(); ++r)
-    for (std::size_t c = 0; c < cols.size(); ++c) {
-      const double v = map.values(rows[r], cols[c]);
-      if (!std::isfinite(v)) continue;
-      s += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"{}\"><title>{} → {}: {}</title></rect>\n",
-                       cell * double(c), cell * double(r), cell, cell, fill(map, v, scale),
-                       escape_xml(name(map.row_axis, rows[r], map.rows[rows[r]])),
-                       escape_xml(name(map.col_axis, cols[c], map.cols[cols[c]])), number(v));
-    }
+  const std::string group = fmt::format("<g shape-rendering=\"crispEdges\" transform=\"translate({:.1f},{:.1f})\"", left, top);
+  if (cells == Cells::packed) {
+    // What heatmap_script needs to draw the cells as below: the names in their hover text, and
+    // each cell's colour and value, row by row ("-" where masked).
+    nlohmann::json row_names = nlohmann::json::array(), col_names = nlohmann::json::array();
+    for (std::size_t r : rows) row_names.push_back(name(map.row_axis, r, map.rows[r]));
+    for (std::size_t c : cols) col_names.push_back(name(map.col_axis, c, map.cols[c]));
+    std::string packed;
+    for (std::size_t r : rows)
+      for (std::size_t c : cols) {
+        const double v = map.values(r, c);
+        if (!packed.empty()) packed += ' ';
+        packed += std::isfinite(v) ? fmt::format("{}:{}", fill(map, v, scale).substr(1), number(v)) : "-";
+      }
+    const auto text = [](const nlohmann::json& j) { return escape_xml(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)); };
+    // The cells on a line of their own, apart from what the pictures of other heads share (PicturePack).
+    s += fmt::format("{} data-cell=\"{:.0f}\" data-rows=\"{}\" data-cols=\"{}\"\ndata-cells=\"{}\">\n", group, cell,
+                     text(row_names), text(col_names), packed);
+  } else {
+    s += group + ">\n";
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      for (std::size_t c = 0; c < cols.size(); ++c) {
+        const double v = map.values(rows[r], cols[c]);
+        if (!std::isfinite(v)) continue;
+        s += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"{}\"><title>{} → {}: {}</title></rect>\n",
+                         cell * double(c), cell * double(r), cell, cell, fill(map, v, scale),
+                         escape_xml(name(map.row_axis, rows[r], map.rows[rows[r]])),
+                         escape_xml(name(map.col_axis, cols[c], map.cols[cols[c]])), number(v));
+      }
+  }
   s += "</g>\n";
   // Outlines of the marked cells that are drawn.
   for (const auto& [r, c] : map.marked) {
@@ -269,6 +312,55 @@ std::string heatmap_svg(const Heatmap& map) {
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\">0</text>\n", bx + 16, top + bh / 2 + 4);
   s += "</svg>\n";
   return s;
+}
+
+std::string PicturePack::add(const std::string& svg) {
+  std::string ids;
+  for (std::size_t start = 0; start < svg.size();) {
+    const std::size_t end = std::min(svg.find('\n', start), svg.size());
+    const auto [at, added] = index_.try_emplace(svg.substr(start, end - start), lines_.size());
+    if (added) lines_.push_back(at->first);
+    if (!ids.empty()) ids += ' ';
+    ids += std::to_string(at->second);
+    start = end + 1;
+  }
+  return fmt::format("<div class=\"picture\" data-lines=\"{}\"></div>\n", ids);
+}
+
+std::string PicturePack::lines_script() const {
+  const std::string json = nlohmann::json(lines_).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // "</" written "<\/" (the same JSON string), so that no line can close the script element.
+  std::string escaped;
+  for (std::size_t i = 0; i < json.size(); ++i) {
+    escaped += json[i];
+    if (json[i] == '<' && i + 1 < json.size() && json[i + 1] == '/') escaped += '\\';
+  }
+  return "<script type=\"application/json\" id=\"picture-lines\">" + escaped + "</script>\n";
+}
+
+std::string heatmap_script() {
+  // The cells as heatmap_svg draws them with Cells::elements, hover text "ROW → COLUMN: VALUE".
+  return R"(function showPictures(root) {
+  const lines = showPictures.lines ||= JSON.parse(document.getElementById('picture-lines').textContent);
+  for (const slot of root.querySelectorAll('div.picture[data-lines]'))
+    slot.outerHTML = slot.dataset.lines.split(' ').map(i => lines[i]).join('\n');
+  const svg = 'http://www.w3.org/2000/svg';
+  for (const group of root.querySelectorAll('g[data-cells]')) {
+    const rows = JSON.parse(group.dataset.rows), cols = JSON.parse(group.dataset.cols), size = Number(group.dataset.cell);
+    group.dataset.cells.split(' ').forEach((cell, i) => {
+      if (cell === '-') return;
+      const [fill, value] = cell.split(':'), r = Math.floor(i / cols.length), c = i % cols.length;
+      const rect = document.createElementNS(svg, 'rect'), title = document.createElementNS(svg, 'title');
+      for (const [key, v] of [['x', c * size], ['y', r * size], ['width', size], ['height', size], ['fill', '#' + fill]])
+        rect.setAttribute(key, v);
+      title.textContent = rows[r] + ' → ' + cols[c] + ': ' + value;
+      rect.append(title);
+      group.append(rect);
+    });
+    group.removeAttribute('data-cells');
+  }
+}
+)";
 }
 
 }  // namespace qkv::cli

@@ -2,6 +2,7 @@
 // Heatmaps of a matrix with labelled rows and columns: as text (shaded blocks, optionally in
 // colour) for a terminal, and as a standalone SVG picture for a browser.
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -39,8 +40,35 @@ std::string heatmap_text(const Heatmap& map, bool color);
 // Text made safe inside an XML element or attribute: < > & and " escaped.
 std::string escape_xml(const std::string& text);
 
-// An <svg> element: cells with a tooltip each, upright row and column labels (a column's written
-// downwards only when it cannot fit its cell), axis titles, a title and a colour bar.
-std::string heatmap_svg(const Heatmap& map);
+// How an SVG heatmap holds its cells: as elements, a rectangle each with its value as hover text
+// (a picture that stands alone), or packed into attributes of their group, each cell's colour and
+// value, which heatmap_script turns into those elements in the page that shows the picture: a
+// tenth of the bytes.
+enum class Cells { elements, packed };
+
+// An <svg> element: cells with a tooltip each, upright row and column labels (column labels on
+// two or three lines in turn when one line would run them together; written downwards only when
+// even that cannot fit them), axis titles, a title and a colour bar.
+std::string heatmap_svg(const Heatmap& map, Cells cells = Cells::elements);
+
+// SVG pictures of a page that draws each when it is shown: every distinct line of all of them kept
+// once (the labels, scales and axis titles of one head's pictures are those of the next head's),
+// a picture as a placeholder that lists its lines.
+class PicturePack {
+ public:
+  // The placeholder of `svg`: <div class="picture" data-lines="3 4 5 …"></div>.
+  std::string add(const std::string& svg);
+  // The lines: <script type="application/json" id="picture-lines">[…]</script>.
+  std::string lines_script() const;
+
+ private:
+  std::vector<std::string> lines_;
+  std::unordered_map<std::string, std::size_t> index_;
+};
+
+// The script of a page of packed pictures and heatmaps (JavaScript, no <script> tag):
+// showPictures(element) puts the pictures of the placeholders within `element` in their place and
+// draws the packed cells of its heatmaps.
+std::string heatmap_script();
 
 }  // namespace qkv::cli

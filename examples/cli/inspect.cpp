@@ -55,6 +55,8 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-top: 
 table { border-collapse: collapse; font-size: .9em; } td, th { padding: 2px 8px; text-align: right; }
 th { border-bottom: 1px solid #999; } .pics { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
 .legend { font-size: .9em; max-width: 60em; } code { background: #f3f3f3; padding: 0 3px; }
+nav.heads { position: sticky; top: 0; background: #fff; padding: .4em 0; border-bottom: 1px solid #ccc; z-index: 1; }
+nav.heads span { margin-right: 1.5em; } nav.heads a { margin-left: .5em; } nav.heads a.shown { font-weight: bold; color: #222; }
 </style></head><body>
 )";
 }
@@ -468,18 +470,10 @@ std::vector<std::size_t> snapshots_to_show(const TrainingHistory& history) {
   return picks;
 }
 
-// What the page draws, which bounds its size (each heatmap at most heatmap_max_cells²): every
-// picture of the first `page_heads` heads, and the attention along training of the first
-// `page_training_heads`. --svg writes every head's.
-constexpr std::size_t page_heads = 4, page_training_heads = 2;
+}  // namespace
 
-// The pictures of a run's training, by file name: the curves of metrics.jsonl and snapshots.jsonl
-// ("training", "training-heads"), and the attention on the snapshots' input at a few of them, for
-// the first `heads` heads, a row of them per head ("L0H0-step-400").
-std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(const Inspection& in, std::size_t most) {
-  const TrainingHistory& h = in.history;
-  std::vector<std::vector<std::pair<std::string, std::string>>> rows;
-  if (h.logged.empty() && h.snapshots.empty()) return rows;
+std::vector<std::pair<std::string, std::string>> training_charts(const TrainingHistory& h) {
+  if (h.logged.empty() && h.snapshots.empty()) return {};
   std::vector<ChartLine> run;
   ChartLine loss{.panel = "loss", .series = "training batches"}, accuracy{.panel = "accuracy", .series = "training batches"};
   for (const TrainingHistory::Logged& l : h.logged) {
@@ -491,8 +485,9 @@ std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(
     if (std::isfinite(snap.accuracy)) held_out.values[snap.step].push_back(snap.accuracy);
   for (ChartLine* line : {&loss, &accuracy, &held_out})
     if (!line->values.empty()) run.push_back(std::move(*line));
-  rows.push_back({{"training", steps_chart("loss and accuracy", "the training batches (metrics.jsonl); held out: snapshots", run, false)}});
-  if (h.snapshots.empty()) return rows;
+  std::vector<std::pair<std::string, std::string>> charts = {
+      {"training", steps_chart("loss and accuracy", "the training batches (metrics.jsonl); held out: snapshots", run, false)}};
+  if (h.snapshots.empty()) return charts;
   std::vector<ChartLine> heads;
   const auto add = [&](const std::string& panel, const std::string& series, std::size_t step, double v) {
     if (!std::isfinite(v)) return;
@@ -514,52 +509,60 @@ std::vector<std::vector<std::pair<std::string, std::string>>> training_pictures(
     }
     for (const auto& [key, value] : snap.probes) add("probes", key, snap.step, value);
   }
-  rows.back().emplace_back("training-heads", steps_chart("the heads along training", "snapshots.jsonl", heads, false));
-  const std::vector<std::size_t> picks = snapshots_to_show(h);
-  std::size_t shown = 0;
-  for (std::size_t l = 0; l < h.snapshots[0].attention.size() && shown < most; ++l)
-    for (std::size_t k = 0; k < h.snapshots[0].attention[l].size() && shown < most; ++k, ++shown) {
-      rows.emplace_back();
-      for (std::size_t p : picks) {
-        const auto& snap = h.snapshots[p];
-        std::vector<std::string> names;
-        for (std::int64_t t : snap.input)
-          names.push_back(t >= 0 && std::size_t(t) < in.vocabulary.size() ? in.vocabulary[std::size_t(t)] : "?");
-        rows.back().emplace_back(fmt::format("{}-step-{}", short_name(l, k), snap.step),
-                                 heatmap_svg(attention_map(snap.attention[l][k], names,
-                                                           fmt::format("{} at step {}", short_name(l, k), snap.step))));
-      }
-    }
-  return rows;
+  charts.emplace_back("training-heads", steps_chart("the heads along training", "snapshots.jsonl", heads, false));
+  return charts;
 }
 
-// The training section of the page: its pictures, with what they show.
-std::string training_html(const Inspection& in) {
-  const auto rows = training_pictures(in, page_training_heads);
-  if (rows.empty()) return "";
-  const TrainingHistory& h = in.history;
+std::string training_html(const TrainingHistory& h) {
+  const auto charts = training_charts(h);
+  if (charts.empty()) return "";
   std::string s = "<h2>Training</h2>\n<p class=\"legend\">Loss and accuracy: means over each logging window of the "
-                  "training batches (metrics.jsonl), and held out, on the final evaluation's sequences, at each snapshot. "
-                  "The heads: σ = ‖(A+Aᵀ)/2‖²/‖A‖² of each head, its softmax-invariant score asymmetry on the input "
-                  "(bidirectional layers), the composition between layers and the task's probes, at each snapshot "
-                  "(snapshots.jsonl).</p>\n";
-  for (std::size_t r = 0; r < rows.size(); ++r) {
-    if (r == 1) {
-      const std::vector<std::size_t> picks = snapshots_to_show(h);
-      s += "<p>Attention on the input at steps ";
-      for (std::size_t i = 0; i < picks.size(); ++i)
-        s += fmt::format("{}{} (held-out accuracy {:.1f}%)", i ? ", " : "", h.snapshots[picks[i]].step,
-                         100 * h.snapshots[picks[i]].accuracy);
-      s += ".</p>\n";
-    }
-    s += "<div class=\"pics\">\n";
-    for (const auto& [name, svg] : rows[r]) s += svg;
-    s += "</div>\n";
-  }
-  if (h.snapshots.empty())
-    s += "<p>No snapshots: <code>qkv train --snapshot-every N</code> keeps the heads along training.</p>\n";
-  return s;
+                  "training batches (metrics.jsonl)";
+  if (!h.snapshots.empty())
+    s += ", and held out, on the final evaluation's sequences, at each snapshot. The heads: σ = ‖(A+Aᵀ)/2‖²/‖A‖² of each "
+         "head, its softmax-invariant score asymmetry on the input (bidirectional layers), the composition between layers "
+         "and the task's probes, at each snapshot (snapshots.jsonl). Each head's attention at a few snapshots is with its "
+         "pictures, below";
+  s += ".</p>\n<div class=\"pics\">\n";
+  for (const auto& [name, svg] : charts) s += svg;
+  return s + "</div>\n";
 }
+
+namespace {
+
+// A head's attention on the snapshots' input at the snapshots the page shows, by file name
+// ("L0H0-step-400").
+std::vector<std::pair<std::string, Heatmap>> steps_pictures(const Inspection& in, std::size_t layer, std::size_t head) {
+  std::vector<std::pair<std::string, Heatmap>> out;
+  for (std::size_t p : snapshots_to_show(in.history)) {
+    const auto& snap = in.history.snapshots[p];
+    std::vector<std::string> names;
+    for (std::int64_t t : snap.input)
+      names.push_back(t >= 0 && std::size_t(t) < in.vocabulary.size() ? in.vocabulary[std::size_t(t)] : "?");
+    out.emplace_back(fmt::format("{}-step-{}", short_name(layer, head), snap.step),
+                     attention_map(snap.attention[layer][head], names, fmt::format("{} at step {}", short_name(layer, head), snap.step)));
+  }
+  return out;
+}
+
+// The page's script: the pictures of one head at a time, the one the address names ("#L1H0") or
+// the first, chosen by the links above them; each drawn when first shown.
+constexpr const char* head_picker_script = R"(function showHead(id) {
+  const heads = [...document.querySelectorAll('section.head')];
+  const shown = heads.find(h => h.id === id) || heads[0];
+  for (const h of heads) h.hidden = h !== shown;
+  for (const a of document.querySelectorAll('nav.heads a')) a.classList.toggle('shown', a.hash === '#' + shown.id);
+  showPictures(shown);
+}
+for (const a of document.querySelectorAll('nav.heads a'))
+  a.addEventListener('click', event => {
+    event.preventDefault();
+    history.replaceState(null, '', a.hash);
+    showHead(a.hash.slice(1));
+  });
+window.addEventListener('hashchange', () => showHead(location.hash.slice(1)));
+showHead(location.hash.slice(1));
+)";
 
 }  // namespace
 
@@ -614,11 +617,24 @@ which the mask hides.</p></div>
     }
     s += "</table>\n";
   }
-  s += training_html(in);
-  std::size_t pictured = 0;
+  s += training_html(in.history);
+  if (!in.history.logged.empty() && in.history.snapshots.empty())
+    s += "<p>No snapshots: <code>qkv train --snapshot-every N</code> keeps the heads along training.</p>\n";
+  // One head's pictures at a time, each head's data packed into the page; the script draws them.
+  s += "<h2>The heads</h2>\n<nav class=\"heads\">";
+  for (const auto& heads : in.layers) {
+    s += fmt::format("<span>layer {}:", heads.at(0).layer);
+    for (const HeadInspection& h : heads) s += fmt::format(" <a href=\"#{0}\">{0}</a>", short_name(h.layer, h.head));
+    s += "</span> ";
+  }
+  s += "</nav>\n<noscript><p>The pictures are drawn by the page's script; <code>qkv inspect --svg DIR</code> writes them "
+       "as files.</p></noscript>\n";
+  const std::vector<std::size_t> picks = snapshots_to_show(in.history);
+  PicturePack pack;
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
-      s += fmt::format("<h2>{}</h2>\n<p>", head_name(h));
+      s += fmt::format("<section class=\"head\" id=\"{}\"{}>\n<h2>{}</h2>\n<p>", short_name(h.layer, h.head),
+                       h.layer + h.head == 0 ? "" : " hidden", head_name(h));
       for (std::size_t m = 0; m < 4; ++m)
         s += fmt::format("{}{} {} (‖·‖ {:.3g})", m ? ", " : "", matrix_names[m], shape_text(h.shapes[m]), h.norms[m]);
       s += fmt::format(".<br>QK circuit: σ {:.3f}, antisymmetry {:.3f}, stable rank {:.2f}, rank {}; singular values {}; "
@@ -632,34 +648,37 @@ which the mask hides.</p></div>
       if (h.target_attention)
         s += fmt::format("; scored queries put {:.3f} of their weight on their {}", *h.target_attention,
                          escape_xml(in.target_name));
-      s += ".</p>\n";
-      if (++pictured > page_heads) continue;
-      s += "<div class=\"pics\">\n";
-      for (const auto& [name, map] : pictures(in, h)) s += heatmap_svg(map);
+      s += ".</p>\n<div class=\"pics\">\n";
+      for (const auto& [name, map] : pictures(in, h)) s += pack.add(heatmap_svg(map, Cells::packed));
       s += "</div>\n";
+      if (!picks.empty()) {
+        s += "<p>Attention on the input at steps ";
+        for (std::size_t i = 0; i < picks.size(); ++i)
+          s += fmt::format("{}{} (held-out accuracy {:.1f}%)", i ? ", " : "", in.history.snapshots[picks[i]].step,
+                           100 * in.history.snapshots[picks[i]].accuracy);
+        s += ".</p>\n<div class=\"pics\">\n";
+        for (const auto& [name, map] : steps_pictures(in, h.layer, h.head)) s += pack.add(heatmap_svg(map, Cells::packed));
+        s += "</div>\n";
+      }
+      s += "</section>\n";
     }
-  if (pictured > page_heads)
-    s += fmt::format("<p>The page draws the pictures of the first {} heads (and the attention along training of the "
-                     "first {}); <code>qkv inspect --svg DIR</code> writes every head's.</p>\n",
-                     page_heads, page_training_heads);
-  s += "</body></html>\n";
+  s += pack.lines_script() + "<script>\n" + heatmap_script() + head_picker_script + "</script>\n</body></html>\n";
   return s;
 }
 
 std::vector<std::string> write_svgs(const Inspection& in, const std::string& dir) {
   std::filesystem::create_directories(dir);
   std::vector<std::string> files;
+  const auto write = [&](const std::string& name, const std::string& svg) {
+    files.push_back((std::filesystem::path(dir) / (name + ".svg")).string());
+    nn::write_atomically(files.back(), svg);
+  };
   for (const auto& heads : in.layers)
-    for (const HeadInspection& h : heads)
-      for (const auto& [name, map] : pictures(in, h)) {
-        files.push_back((std::filesystem::path(dir) / fmt::format("L{}H{}-{}.svg", h.layer, h.head, name)).string());
-        nn::write_atomically(files.back(), heatmap_svg(map));
-      }
-  for (const auto& row : training_pictures(in, std::numeric_limits<std::size_t>::max()))
-    for (const auto& [name, svg] : row) {
-      files.push_back((std::filesystem::path(dir) / (name + ".svg")).string());
-      nn::write_atomically(files.back(), svg);
+    for (const HeadInspection& h : heads) {
+      for (const auto& [name, map] : pictures(in, h)) write(short_name(h.layer, h.head) + "-" + name, heatmap_svg(map));
+      for (const auto& [name, map] : steps_pictures(in, h.layer, h.head)) write(name, heatmap_svg(map));
     }
+  for (const auto& [name, svg] : training_charts(in.history)) write(name, svg);
   return files;
 }
 

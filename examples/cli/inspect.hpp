@@ -92,6 +92,13 @@ nlohmann::json matrix_json(const Array<double>& a);
 // A self-contained HTML page's beginning, up to and with <body>: its title and style.
 std::string page_start(const std::string& title);
 
+// The charts of a run's training, by file name: "training", the loss and accuracy of
+// metrics.jsonl (and held out, of snapshots.jsonl), and with snapshots "training-heads", each
+// head's σ and score asymmetry, the composition and the probes along training. None for no history.
+std::vector<std::pair<std::string, std::string>> training_charts(const TrainingHistory& history);
+// The page's section of them, with what they show; "" for no history.
+std::string training_html(const TrainingHistory& history);
+
 // A typical sequence of the task: the first of a fixed stream at least 3/4 of the longest length.
 std::vector<std::int64_t> typical_input(const Task& task);
 
@@ -118,13 +125,15 @@ nlohmann::json to_json(const Inspection& inspection);
 // Tables and heatmaps of shaded blocks, in colour when `color`.
 void print_report(std::ostream& out, const Inspection& inspection, bool color);
 
-// One self-contained HTML page: per head, SVG heatmaps with axis labels and colour scales, the
-// numbers, and a legend.
+// One self-contained HTML page: the numbers, a legend, the training when the history has it, and
+// every head's pictures, one head at a time, chosen by a link a head ("L1H0"): SVG heatmaps with
+// axis labels and colour scales, whose cells (packed, heatmap_svg's Cells::packed) the page's
+// script draws when the head is shown; no fetch.
 std::string to_html(const Inspection& inspection);
 
 // Each picture of the page as its own SVG file in `dir`: L{l}H{h}-{attention,token-qk,
 // position-qk,qk-circuit}.svg, and with a training history training.svg, training-heads.svg and
-// L{l}H{h}-step-{step}.svg (the attention at a few snapshots). Returns the files written.
+// L{l}H{h}-step-{step}.svg (each head's attention at a few snapshots). Returns the files written.
 std::vector<std::string> write_svgs(const Inspection& inspection, const std::string& dir);
 
 }  // namespace qkv::cli

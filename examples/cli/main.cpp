@@ -262,7 +262,9 @@ int run_inspect_seq2seq(const InspectArgs& a, const Seq2SeqTask& task) {
   const auto model = load_encoder_decoder(a.dir);
   const std::vector<std::int64_t> source =
       a.input.empty() ? typical_source(task) : input_tokens(task, a.input, model->config().max_src_len);
-  return show(a, inspect_alignment(*model, task, source, a.dir));
+  AlignmentInspection in = inspect_alignment(*model, task, source, a.dir);
+  if (!a.html.empty() || !a.svg.empty()) in.history = read_history(a.dir, read_config(a.dir).model);  // only the pictures draw it
+  return show(a, in);
 }
 
 // What the heads of a trained run learned: tables and heatmaps, --json, --html FILE, --svg DIR.

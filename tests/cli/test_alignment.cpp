@@ -109,6 +109,11 @@ TEST_CASE("inspect on a translate model: its cross-attention points at the word 
   print_report(text, in, false);
   CHECK_THAT(text.str(), Contains("written: ookii neko chiisai nezumi ou  (right)") && Contains("L0H1 cross-attention"));
   const std::string html = to_html(in);
+  CHECK(html.find("<h2>Training</h2>") == std::string::npos);  // no history read
+  // With the run's metrics.jsonl, the page draws its training, as a decoder-only model's does.
+  AlignmentInspection trained = in;
+  trained.history.logged = {{10, 2.5, 0.2}, {20, 1.5, 0.6}, {30, 0.5, 0.9}};
+  CHECK_THAT(to_html(trained), Contains("<h2>Training</h2>") && Contains(">loss and accuracy<"));
   // Each head's picture outlines the five aligned cells.
   std::size_t outlines = 0;
   for (std::size_t at = html.find("stroke=\"#1a9850\""); at != std::string::npos; at = html.find("stroke=\"#1a9850\"", at + 1)) ++outlines;

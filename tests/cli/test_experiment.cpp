@@ -1,6 +1,8 @@
 #include "tests/helpers.hpp"
 
+#include <array>
 #include <map>
+#include <regex>
 
 #include <filesystem>
 #include <fstream>
@@ -8,6 +10,7 @@
 
 #include "examples/cli/experiment.hpp"
 #include "examples/cli/charts.hpp"
+#include "examples/cli/heatmap.hpp"  // escape_xml
 #include "examples/cli/tasks/tasks.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/nn/files.hpp"
@@ -336,6 +339,34 @@ TEST_CASE("curves chart: a panel per task, a line per configuration through the 
   CHECK(polylines == 2);
   // No run has an asymmetry: no chart.
   CHECK(curves_chart("causal", runs, "score_asymmetry", "asymmetry").empty());
+}
+
+TEST_CASE("steps chart: each panel's legend sits under that panel, naming only the series it draws") {
+  // σ of two heads, one composition score, one probe: L1H0 is σ's, not the composition's.
+  std::vector<ChartLine> lines;
+  for (const char* head : {"L0H0", "L1H0"}) lines.push_back({.panel = "σ", .series = head, .values = {{0, {0.5}}, {10, {0.6}}}});
+  lines.push_back({.panel = "composition", .series = "L0H0→L1H0 K", .values = {{0, {0.2}}, {10, {0.3}}}});
+  lines.push_back({.panel = "probes", .series = "copy", .values = {{0, {0.1}}, {10, {0.9}}}});
+  const std::string svg = steps_chart("the heads along training", "snapshots.jsonl", lines, false);
+  // The panels' frames (left, right, bottom) and the legend's entries, by their text's left end.
+  std::vector<std::array<double, 3>> frames;
+  const std::regex frame(R"re(<rect x="([0-9.]+)" y="([0-9.]+)" width="([0-9.]+)" height="([0-9.]+)" fill="none" stroke="#999"/>)re");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), frame); it != std::sregex_iterator(); ++it)
+    frames.push_back({std::stod((*it)[1]), std::stod((*it)[1]) + std::stod((*it)[3]), std::stod((*it)[2]) + std::stod((*it)[4])});
+  REQUIRE(frames.size() == 3);
+  for (std::size_t p = 0; p < 3; ++p)
+    for (const ChartLine& line : lines) {
+      const std::size_t at = svg.find(fmt::format(">{}</text>", escape_xml(line.series)));
+      REQUIRE(at != std::string::npos);
+      const std::string entry = svg.substr(svg.rfind("<text", at), at - svg.rfind("<text", at));
+      std::smatch m;
+      REQUIRE(std::regex_search(entry, m, std::regex(R"re(x="([0-9.]+)" y="([0-9.]+)")re")));
+      const double x = std::stod(m[1]), y = std::stod(m[2]);
+      const bool under = x >= frames[p][0] - 40 && x < frames[p][1] && y > frames[p][2];
+      const std::size_t panel = line.panel == "σ" ? 0 : line.panel == "composition" ? 1 : 2;
+      INFO(line.series << " at (" << x << ", " << y << "), panel " << p);
+      CHECK(under == (panel == p));
+    }
 }
 
 TEST_CASE("the docs' experiment tables are those of the committed results") {

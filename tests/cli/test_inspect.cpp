@@ -1,12 +1,16 @@
 #include "tests/helpers.hpp"
 
+#include <map>
+#include <regex>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <xtensor-blas/xlinalg.hpp>
 
 #include "examples/cli/heatmap.hpp"
 #include "examples/cli/inspect.hpp"
+#include "examples/cli/snapshot.hpp"
 #include "examples/cli/tasks/tasks.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/optim/adam.hpp"
@@ -203,8 +207,15 @@ TEST_CASE("inspect: the report, the page and the SVG files") {
   CHECK_THAT(coloured.str(), Contains("\x1b[38;5;"));
   const std::string html = to_html(in);
   CHECK_THAT(html, Contains("<svg"));
-  CHECK(html.find("http://") == html.find("http://www.w3.org/2000/svg"));  // no fetch: the one URL is the namespace
-  CHECK(html.find("<script") == std::string::npos);
+  // No fetch: the one URL is the SVG namespace, and the page's one script loads nothing.
+  for (std::size_t at = html.find("http"); at != std::string::npos; at = html.find("http", at + 1))
+    CHECK(html.compare(at, 26, "http://www.w3.org/2000/svg") == 0);
+  CHECK(html.find("<script>") == html.rfind("<script"));
+  for (const char* load : {"src=", "fetch(", "XMLHttpRequest", "import(", "url("}) CHECK(html.find(load) == std::string::npos);
+  // Each head's link and pictures, the first head shown, the others hidden until picked.
+  CHECK_THAT(html, Contains("<a href=\"#L1H1\">L1H1</a>"));
+  CHECK_THAT(html, Contains("<section class=\"head\" id=\"L0H0\">"));
+  CHECK_THAT(html, Contains("<section class=\"head\" id=\"L1H1\" hidden>"));
   const auto dir = std::filesystem::temp_directory_path() / ("qkv_svgs_" + std::to_string(::getpid()));
   const auto files = write_svgs(in, dir.string());
   CHECK(files.size() == 2 * 2 * 4);
@@ -229,6 +240,71 @@ TEST_CASE("heatmaps: shades by magnitude, signs, masked cells, and SVG cells wit
   // Labels of two characters are written downwards, rather than run together: "12" over "7".
   const Heatmap numbers{Array<double>({{1.0, 0.0}}), {"a"}, {"12", "7"}, "t", false};
   CHECK_THAT(heatmap_text(numbers, false), Contains("t\n  1 7 \n  2   \na ██  \n"));
+}
+
+TEST_CASE("inspect --html: every head's pictures are on the page, and 4 layers of 4 heads stay within 2 MB") {
+  // A short run of 4 layers of 4 heads with snapshots: each head's four pictures and its attention
+  // along training, the readout heads of the last layers as much as the first.
+  std::ostringstream quiet;
+  TrainOptions o = short_run("induction", "page_heads", 20, 10);
+  o.model.layers = 4;
+  o.model.heads = 4;
+  o.model.d_model = 64;
+  o.snapshot_every = 10;
+  train(o, quiet, false);
+  const auto task = make_task("induction");
+  Inspection in = inspect(*load_model(o.out), *task, typical_input(*task), o.out);
+  in.history = read_history(o.out, o.model);
+  const std::string page = to_html(in);
+  for (std::size_t l = 0; l < 4; ++l)
+    for (std::size_t h = 0; h < 4; ++h)
+      for (const char* picture : {"attention on the input<", "token QK<", "position QK<", "QK circuit A", "at step 20<"}) {
+        const std::string title = fmt::format("L{}H{} {}", l, h, picture);
+        INFO(title);
+        CHECK(page.find(title) != std::string::npos);
+      }
+  CHECK(page.size() < 2'000'000);
+  std::filesystem::remove_all(o.out);
+}
+
+TEST_CASE("heatmaps: packed cells hold what the elements would, in a tenth of the bytes") {
+  const Heatmap map{Array<double>({{1.0, -0.5}, {NAN, 0.25}}), {"(", ")"}, {"(", ")"}, "t", true, "query", "key", true};
+  const std::string packed = heatmap_svg(map, Cells::packed);
+  // Row by row, each cell's colour and value ("-" masked), and the names of the hover text.
+  CHECK_THAT(packed, Contains("data-cells=\"b2182b:1 ") && Contains(":-0.5 - ") && Contains(":0.25\">"));
+  CHECK_THAT(packed, Contains("data-rows=\"[&quot;query 0 (()&quot;,&quot;query 1 ())&quot;]\""));
+  CHECK_THAT(packed, Contains("data-cols=\"[&quot;key 0 (()&quot;,&quot;key 1 ())&quot;]\""));
+  CHECK(packed.find("<title>") == std::string::npos);
+  CHECK_THAT(heatmap_svg(map), Contains("<title>query 1 ()) → key 1 ()): 0.25</title>"));
+  CHECK_THAT(heatmap_script(), Contains("rows[r] + ' → ' + cols[c] + ': ' + value"));
+  // A 32 × 32 map: a tenth of the bytes.
+  const Heatmap large{xt::ones<double>({std::size_t(32), std::size_t(32)}), std::vector<std::string>(32, "a"),
+                      std::vector<std::string>(32, "b"), "t", false, "query", "key", true};
+  CHECK(heatmap_svg(large, Cells::packed).size() * 5 < heatmap_svg(large).size());
+}
+
+TEST_CASE("heatmaps: upright column labels of two digits stand apart, rather than read as one number") {
+  // 25 tokens of two digits, in cells too narrow for two labels side by side: "21" "12" must not
+  // read "2112". Between two labels of a line, at least 0.3 em (the browser test's bound).
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < 25; ++i) names.push_back(std::to_string(10 + (i * 7) % 40));
+  const Heatmap map{xt::zeros<double>({std::size_t(25), std::size_t(25)}), names, names, "t", false, "query", "key", true};
+  const std::string svg = heatmap_svg(map);
+  // Each upright column label: its centre, line and size (the width of DejaVu Sans Mono: 0.602 em a character).
+  const std::regex label(R"re(<text x="([0-9.]+)" y="([0-9.]+)" font-size="([0-9.]+)" text-anchor="middle">([0-9]+)</text>)re");
+  std::map<std::string, std::vector<std::pair<double, double>>> lines;  // y: (centre, size)
+  std::size_t labels = 0;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), label); it != std::sregex_iterator(); ++it, ++labels)
+    lines[(*it)[2]].emplace_back(std::stod((*it)[1]), std::stod((*it)[3]));
+  CHECK(labels == 25);
+  for (auto& [y, line] : lines) {
+    std::sort(line.begin(), line.end());
+    for (std::size_t i = 1; i < line.size(); ++i) {
+      const double size = line[i].second, width = 2 * 0.602 * size;
+      INFO("labels at x " << line[i - 1].first << " and " << line[i].first << ", " << size << " px");
+      CHECK(line[i].first - line[i - 1].first >= width + 0.3 * size);
+    }
+  }
 }
 
 TEST_CASE("inspect rejects an input longer than the model's positions, or outside its vocabulary") {

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The `qkv inspect --html` pages of four trained runs as a reader's browser shows them
-# (render_page.py, headless Chromium): induction with snapshots along training, brackets, whose
-# one-character tokens were once drawn sideways, and a wide model (4 layers of 4 heads, d_model 64)
-# whose page must stay within the size bound, and a sort model's cross-attention (an encoder-decoder,
-# the true alignment outlined). Screenshots: OUT/inspect-NAME.png.
+# (render_page.py, headless Chromium): induction with snapshots along training (two-digit tokens),
+# brackets with 2 layers of 4 heads, whose one-character tokens were once drawn sideways and whose
+# readout head is the fifth, a wide model (4 layers of 4 heads, d_model 64) whose page must stay
+# within the size bound, and a sort model's cross-attention (an encoder-decoder, the true alignment
+# outlined). Each run has a metrics.jsonl, so each page must draw its training. Screenshots:
+# OUT/inspect-NAME.png, and the brackets page again with its readout head shown,
+# OUT/inspect-brackets-L1H0.png.
 #   render-reports.sh QKV_BINARY OUT
 set -euo pipefail
 qkv=$1 out=$2
@@ -17,10 +20,15 @@ train() {
   "$qkv" train "$@" >"$work/train.log" 2>&1 || { cat "$work/train.log"; exit 1; }
 }
 train induction --steps 600 --snapshot-every 100 --out "$work/induction"
-train brackets --steps 300 --out "$work/brackets"
+train brackets --heads 4 --steps 300 --out "$work/brackets"
 train induction --layers 4 --heads 4 --d-model 64 --steps 60 --snapshot-every 20 --out "$work/wide"
 train sort --steps 300 --out "$work/sort"
+status=0  # every page checked, each fault told
 for name in induction brackets wide sort; do
   "$qkv" inspect "$work/$name" --html "$work/$name.html"
-  python3 "$here/render_page.py" "$work/$name.html" "$out/inspect-$name.png"
+  python3 "$here/render_page.py" "$work/$name.html" "$out/inspect-$name.png" || status=1
+  grep -q '<h2>Training</h2>' "$work/$name.html" ||
+    { echo "render-reports: $name.html draws no training, though $name/metrics.jsonl is there"; status=1; }
 done
+python3 "$here/render_page.py" "$work/brackets.html" "$out/inspect-brackets-L1H0.png" L1H0 || status=1
+exit $status

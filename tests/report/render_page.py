@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Opens an HTML page in headless Chromium, as a reader's browser would, and fails (exit 1) on a
 console error, a script exception, a page that does not load, or any request beyond the page file
-itself. Then checks what a reader of a `qkv inspect --html` page sees: its heatmaps have upright
-labels, hover text on every cell and titled axes, and the page is of a bounded size; and writes
-a screenshot of the whole page.
+itself. Then checks what a reader of a `qkv inspect --html` page sees: the pictures of every head
+of its table can be shown, its heatmaps have upright labels with room between them, hover text on
+every cell and titled axes, each legend entry of a chart sits under a panel that draws its
+series, and the page is of a bounded size; and writes a screenshot of the whole page, after a
+click on HEAD ("L1H0") if given.
 
-    render_page.py PAGE.html SCREENSHOT.png
+    render_page.py PAGE.html SCREENSHOT.png [HEAD]
 
 Chromium is driven through its DevTools protocol on a pipe (--remote-debugging-pipe: JSON
 messages ending in a NUL byte, commands on fd 3, replies and events on fd 4), so nothing but the
@@ -99,42 +101,94 @@ class Browser:
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
-# What the page looks like to its reader, measured in it.
+# What the page looks like to its reader, measured in it: every heatmap on show, then, for each head
+# of the page's table (layer, head) whose pictures are not on show, the same after a click on the
+# link or button named after it ("L1H0"), if there is one. A heatmap is measured once.
 MEASURE = r"""
-(() => {
-  const heatmaps = [...document.querySelectorAll('svg')].filter(s => s.querySelector('rect > title'));
-  const rotated = [], overlaps = [];
+(async () => {
+  const shown = e => { const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
+  const heatmaps = () => [...document.querySelectorAll('svg')]
+    .filter(s => s.querySelector('g[shape-rendering="crispEdges"]') && shown(s));
+  const measured = new Set(), rotated = [], overlaps = [], hovers = [];
   let cells = 0, titled = 0, axisTitles = 0;
-  for (const svg of heatmaps) {
-    for (const t of svg.querySelectorAll('text')) {
-      if (t.textContent.endsWith('↓') || t.textContent.endsWith('→')) { axisTitles++; continue; }
-      if ((t.getAttribute('transform') || '').includes('rotate')) rotated.push(t.textContent);
-    }
-    for (const r of svg.querySelectorAll('rect')) {
-      if (r.parentNode.getAttribute('shape-rendering') === 'crispEdges') {
+  const measure = () => {
+    for (const svg of heatmaps()) {
+      if (measured.has(svg)) continue;
+      measured.add(svg);
+      for (const t of svg.querySelectorAll('text')) {
+        if (t.textContent.endsWith('↓') || t.textContent.endsWith('→')) { axisTitles++; continue; }
+        if ((t.getAttribute('transform') || '').includes('rotate')) rotated.push(t.textContent);
+      }
+      for (const r of svg.querySelectorAll('g[shape-rendering="crispEdges"] > rect')) {
         cells++;
         if (r.querySelector('title')) titled++;
       }
+      hovers.push(...[...svg.querySelectorAll('rect > title')].map(t => t.textContent));
+      // Upright labels of one row must not run into each other, nor run together: between two
+      // neighbours at least 0.3 em, about a space, so that "21" "12" do not read "2112".
+      const labels = [...svg.querySelectorAll('text[text-anchor="middle"]')]
+        .filter(t => !t.textContent.endsWith('→') && !t.getAttribute('transform'));
+      const rows = new Map();
+      for (const t of labels) {
+        const b = t.getBBox(), key = Math.round(b.y);
+        if (!rows.has(key)) rows.set(key, []);
+        rows.get(key).push({x: b.x, width: b.width, gap: 0.3 * parseFloat(getComputedStyle(t).fontSize)});
+      }
+      for (const boxes of rows.values()) {
+        boxes.sort((a, b) => a.x - b.x);
+        for (let i = 1; i < boxes.length; i++)
+          if (boxes[i].x < boxes[i - 1].x + boxes[i - 1].width + Math.max(boxes[i].gap, boxes[i - 1].gap))
+            overlaps.push(svg.querySelector('text').textContent);
+      }
     }
-    // Upright labels of one row must not run into each other.
-    const labels = [...svg.querySelectorAll('text[text-anchor="middle"]')]
-      .filter(t => !t.textContent.endsWith('→') && !t.getAttribute('transform'));
-    const rows = new Map();
-    for (const t of labels) {
-      const b = t.getBBox(), key = Math.round(b.y);
-      if (!rows.has(key)) rows.set(key, []);
-      rows.get(key).push(b);
+  };
+  const pictured = name => heatmaps().some(s => s.querySelector('text').textContent.startsWith(name + ' '));
+  measure();
+  // The heads of the table, as the pictures' titles name them.
+  const heads = [];
+  const table = [...document.querySelectorAll('table')]
+    .find(t => [...t.querySelectorAll('th')].map(h => h.textContent).join(' ').startsWith('layer head'));
+  for (const row of table ? table.querySelectorAll('tr') : []) {
+    const cell = [...row.querySelectorAll('td')].map(c => c.textContent);
+    if (cell.length >= 2 && /^\d+$/.test(cell[0]) && /^\d+$/.test(cell[1])) heads.push('L' + cell[0] + 'H' + cell[1]);
+  }
+  const unreachable = [];
+  for (const name of heads) {
+    if (!pictured(name)) {
+      const link = [...document.querySelectorAll('a, button')].find(e => e.textContent.trim() === name);
+      if (link) {
+        link.click();
+        await new Promise(done => setTimeout(done, 50));
+      }
     }
-    for (const boxes of rows.values()) {
-      boxes.sort((a, b) => a.x - b.x);
-      for (let i = 1; i < boxes.length; i++)
-        if (boxes[i].x < boxes[i - 1].x + boxes[i - 1].width - 0.5) overlaps.push(svg.querySelector('text').textContent);
+    if (!pictured(name)) unreachable.push(name);
+    measure();
+  }
+  // The page as first shown, for the screenshot: its first head.
+  const first = heads.length && [...document.querySelectorAll('a, button')].find(e => e.textContent.trim() === heads[0]);
+  if (first) first.click();
+  // Charts of lines: each entry of a legend sits under a panel (a frame) that draws its series,
+  // as a line titled "PANEL / SERIES" (or "SERIES" in a chart of one panel).
+  const misplaced = [];
+  for (const chart of document.querySelectorAll('svg')) {
+    const lines = [...chart.querySelectorAll('polyline > title')].map(t => ({title: t.textContent, box: t.parentNode.getBBox()}));
+    if (!lines.length) continue;
+    const frames = [...chart.querySelectorAll('rect[fill="none"]')].map(f => f.getBBox());
+    const inside = (b, f) => b.x >= f.x - 1 && b.x + b.width <= f.x + f.width + 1 && b.y >= f.y - 1 && b.y + b.height <= f.y + f.height + 1;
+    const draws = (title, series) => title === series || title.endsWith(' / ' + series);
+    for (const t of chart.querySelectorAll('text')) {
+      const series = t.textContent, b = t.getBBox();
+      if (!lines.some(l => draws(l.title, series)) || frames.some(f => inside(b, f))) continue;
+      const above = frames.filter(f => b.x >= f.x - 40 && b.x < f.x + f.width && f.y + f.height <= b.y)
+        .sort((f, g) => (g.y + g.height) - (f.y + f.height))[0];
+      if (!above || !lines.some(l => draws(l.title, series) && inside(l.box, above)))
+        misplaced.push(chart.querySelector('text').textContent + ': ' + series);
     }
   }
-  const hovers = [...document.querySelectorAll('rect > title')].map(t => t.textContent);
   return JSON.stringify({
-    heatmaps: heatmaps.length, cells, titled, axisTitles, rotated, overlaps: [...new Set(overlaps)],
+    heatmaps: measured.size, cells, titled, axisTitles, rotated, overlaps: [...new Set(overlaps)],
     attentionHovers: hovers.filter(h => /^query \d+ \(.+\) → key \d+ \(.+\): /.test(h)).length,
+    heads: heads.length, unreachable, misplaced,
     width: document.documentElement.scrollWidth, height: document.documentElement.scrollHeight,
     heading: document.querySelector('h1') ? document.querySelector('h1').textContent : ''
   });
@@ -143,9 +197,10 @@ MEASURE = r"""
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
     page, screenshot = sys.argv[1], sys.argv[2]
+    show = sys.argv[3] if len(sys.argv) == 4 else None
     url = pathlib.Path(page).resolve().as_uri()
     size = os.path.getsize(page)
     browser = Browser()
@@ -161,8 +216,13 @@ def main():
         if navigation.get("errorText"):
             problems.append("the page did not load: " + navigation["errorText"])
         browser.wait_for("Page.loadEventFired")
-        measured = json.loads(browser.send("Runtime.evaluate", {"expression": MEASURE, "returnByValue": True},
+        measured = json.loads(browser.send("Runtime.evaluate",
+                                           {"expression": MEASURE, "returnByValue": True, "awaitPromise": True},
                                            session=session)["result"]["value"])
+        if show:  # the screenshot of that head's pictures
+            browser.send("Runtime.evaluate",
+                         {"expression": "[...document.querySelectorAll('a, button')].find(e => e.textContent.trim() === %s).click()"
+                          % json.dumps(show)}, session=session)
         metrics = browser.send("Page.getLayoutMetrics", session=session)["cssContentSize"]
         shot = browser.send("Page.captureScreenshot",
                             {"format": "png", "captureBeyondViewport": True,
@@ -197,7 +257,13 @@ def main():
     if measured["rotated"]:
         problems.append("labels written downwards: %s" % measured["rotated"][:10])
     if measured["overlaps"]:
-        problems.append("upright labels that run into each other in: %s" % measured["overlaps"][:5])
+        problems.append("upright labels that run into each other, or together, in: %s" % measured["overlaps"][:5])
+    if measured["heads"] == 0:
+        problems.append("no table of the heads (layer, head)")
+    if measured["unreachable"]:
+        problems.append("heads whose pictures cannot be shown: %s" % measured["unreachable"])
+    if measured["misplaced"]:
+        problems.append("legend entries under a panel that does not draw them: %s" % measured["misplaced"][:10])
     if measured["attentionHovers"] == 0:
         problems.append("no attention cell reads 'query i (token) → key j (token): weight'")
     if size > 2_000_000:
