@@ -293,10 +293,7 @@ void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scal
         const T* Oh = O + b * L.Tq * ldo + h * L.dv;
         const std::size_t row = (b * L.H + h) * L.Tq;
         for (std::size_t i = 0; i < Tq_padded; ++i) {
-          T sum = 0;
-          if (i < L.Tq)
-            for (std::size_t e = 0; e < L.dv; ++e) sum += dOh[i * ldo + e] * Oh[i * ldo + e];
-          D[i] = sum;
+          D[i] = i < L.Tq ? detail::dot(dOh + i * ldo, Oh + i * ldo, L.dv) : 0;
           shift[i] = i < L.Tq ? saved.shift.data()[row + i] : 0;
           inverse[i] = i < L.Tq ? saved.inverse.data()[row + i] : 0;
         }
