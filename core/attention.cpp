@@ -41,8 +41,9 @@ struct Layout {
   bool causal;
   const bool* allowed;  // (B, H, Tq, Tk) or null
   std::size_t G() const { return H / Hkv; }  // query heads per kv head
-  // Keys [0, limit) may be seen by query i, before the `allowed` mask.
-  std::size_t limit(std::size_t i) const { return causal ? std::min(Tk, Tk - Tq + i + 1) : Tk; }
+  // Keys [0, limit) may be seen by query i, before the `allowed` mask: under the causal mask
+  // 0 … Tk − Tq + i, none when Tq > Tk + i.
+  std::size_t limit(std::size_t i) const { return !causal ? Tk : Tk + i + 1 > Tq ? std::min(Tk, Tk + i + 1 - Tq) : 0; }
   const bool* allowed_row(std::size_t b, std::size_t h, std::size_t i) const {
     return allowed ? allowed + ((b * H + h) * Tq + i) * Tk : nullptr;
   }
@@ -244,6 +245,8 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
         T* Oi = Oh + i0 * ldo;
         std::fill(m, m + ld, minus_inf);
         std::fill(l, l + ld, T(0));
+        if (end == 0)  // no query of the block sees a key (causal, Tq > Tk): no product sets O_i
+          for (std::size_t c = 0; c < nq; ++c) std::fill(Oi + c * ldo, Oi + c * ldo + L.dv, T(0));
         for (std::size_t j0 = 0; j0 < end; j0 += tiles.bk) {
           const std::size_t nk = std::min(tiles.bk, L.Tk - j0);
           const TileProducts<T>& p = tiles(nk, nq);
@@ -272,7 +275,8 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
 
 // Backward into dQ, dK, dV (null when not needed), laid out as q, k and v. Every element is set:
 // the first product into each block sets it and the others add, since q, k and v together cover
-// each input (a call with no queries or no keys has no products, and the caller zeroes).
+// each input (a call with no queries or no keys has no products, and the caller zeroes; queries
+// that see no key under the causal mask, before the first block that meets key 0, are zeroed here).
 template <class T>
 void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale, const Saved<T>& saved,
               const T* O, const T* dO, T* dQ, T* dK, T* dV) {
@@ -288,15 +292,15 @@ void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scal
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
       const T *Q = x.Q + x.q(b, h, L), *dOh = dO + b * L.Tq * ldo + h * L.dv;
       T* dQh = dQ ? dQ + x.q(b, h, L) : nullptr;
+      if (dQh)
+        for (std::size_t i = 0; i < first_query(L, 0) / tiles.bq * tiles.bq; ++i)
+          std::fill(dQh + i * op[0].ld, dQh + i * op[0].ld + L.dh, T(0));
       if (!keep) {
         // D = rowsum(dO ⊙ O) and the softmax's statistics, padded to whole blocks of 16 columns.
         const T* Oh = O + b * L.Tq * ldo + h * L.dv;
         const std::size_t row = (b * L.H + h) * L.Tq;
         for (std::size_t i = 0; i < Tq_padded; ++i) {
-          T sum = 0;
-          if (i < L.Tq)
-            for (std::size_t e = 0; e < L.dv; ++e) sum += dOh[i * ldo + e] * Oh[i * ldo + e];
-          D[i] = sum;
+          D[i] = i < L.Tq ? detail::dot(dOh + i * ldo, Oh + i * ldo, L.dv) : 0;
           shift[i] = i < L.Tq ? saved.shift.data()[row + i] : 0;
           inverse[i] = i < L.Tq ? saved.inverse.data()[row + i] : 0;
         }
@@ -341,7 +345,7 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], const La
   const Heads<T> x(in, op, L);
   Array<T> out = Array<T>::from_shape({L.B, L.Tq, L.H * L.dv});
   if (!record) {
-    if (L.Tq == 1)
+    if (L.Tq == 1 && L.Tk > 0)
       single_query(x, op, L, scale, out.data());
     else
       forward(x, op, L, scale, out.data(), static_cast<Saved<T>*>(nullptr));
@@ -374,8 +378,6 @@ Tensor attention(const std::vector<Tensor>& in, const Operand (&op)[3], const La
 
 // Checks the mask and the dtype, then runs attention.
 Tensor run(const std::vector<Tensor>& in, const Operand (&op)[3], Layout L, double scale, const MaskArray& allowed) {
-  if (L.causal && L.Tq > L.Tk)
-    fail(op_name, "{} queries and {} keys: a causal mask needs at least as many keys as queries", L.Tq, L.Tk);
   if (!std::isfinite(scale)) fail(op_name, "scale must be finite, got {}", scale);
   if (allowed.dimension() > 0) {
     const Shape want{L.B, L.H, L.Tq, L.Tk};

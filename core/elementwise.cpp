@@ -5,7 +5,6 @@
 
 #include <xtensor/xmath.hpp>
 #include <xtensor/xoperation.hpp>
-#include <xtensor/xreducer.hpp>
 
 #include "qkv/core/detail/kernels.hpp"
 #include "qkv/core/detail/op.hpp"
@@ -27,17 +26,11 @@ bool is_suffix(const Shape& shape, const Shape& of) {
 template <class T>
 void accumulate_summed(BackwardContext<T>& ctx, std::size_t i, const Array<T>& g, const Shape& shape) {
   const Shape g_shape = to_shape(g.shape());
-  if (is_suffix(shape, g_shape)) {  // summed over whole leading dimensions: down the rows, in order
-    Array<T> summed = xt::zeros<T>(shape);
-    if (summed.size() > 0)  // an empty row: nothing to sum
-      detail::add_column_sums(g.data(), g.size() / summed.size(), summed.size(), summed.data());
-    return ctx.accumulate(i, std::move(summed));
-  }
   const std::size_t lead = g_shape.size() - shape.size();
   std::vector<std::size_t> axes;
   for (std::size_t d = 0; d < g_shape.size(); ++d)
     if (d < lead || (shape[d - lead] == 1 && g_shape[d] != 1)) axes.push_back(d);
-  Array<T> summed = xt::sum(g, axes, xt::keep_dims | xt::evaluation_strategy::immediate);
+  Array<T> summed = sum_over(g, axes);
   summed.reshape(shape);
   ctx.accumulate(i, std::move(summed));
 }

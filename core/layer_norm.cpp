@@ -29,16 +29,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     std::vector<T> row_mean(N), rstd(N);
     for (std::size_t i = 0; i < N; ++i) {
       const T* row = xv + i * D;
-      T m = 0, v = 0;
-      for (std::size_t d = 0; d < D; ++d) m += row[d];
-      m /= T(D);
-      for (std::size_t d = 0; d < D; ++d) v += (row[d] - m) * (row[d] - m);
+      T* out = y.data() + i * D;  // x − mean first, for the variance
+      const T m = detail::sum_of(row, D) / T(D);
+      for (std::size_t d = 0; d < D; ++d) out[d] = row[d] - m;
       row_mean[i] = m;
-      rstd[i] = T(1) / std::sqrt(v / T(D) + T(eps));
-      for (std::size_t d = 0; d < D; ++d) {
-        const T xhat = (row[d] - m) * rstd[i];
-        y.data()[i * D + d] = xhat * (w ? w[d] : T(1)) + (b ? b[d] : T(0));
-      }
+      rstd[i] = T(1) / std::sqrt(detail::dot(out, out, D) / T(D) + T(eps));
+      for (std::size_t d = 0; d < D; ++d) out[d] = out[d] * rstd[i] * (w ? w[d] : T(1)) + (b ? b[d] : T(0));
     }
     return record_op<T>("layer_norm", std::move(y), {&x, &weight, &bias},
                         [x, weight, row_mean = std::move(row_mean), rstd = std::move(rstd), N, D](BackwardContext<T>& ctx) {
@@ -47,25 +43,25 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
       const T* w = weight.defined() ? weight.value<T>().data() : nullptr;
       const T* g = ctx.grad().data();
       Array<T> dx = Array<T>::from_shape(x.shape());
-      Array<T> dw = xt::zeros<T>(Shape{D}), db = xt::zeros<T>(Shape{D});
+      Array<T> g_xhat = Array<T>::from_shape(ctx.needs(1) ? x.shape() : Shape{0});  // dy ⊙ x̂, for dw
       std::vector<T> xhat(D), ghat(D);
       for (std::size_t i = 0; i < N; ++i) {
-        T mean_g = 0, mean_gx = 0;
         for (std::size_t d = 0; d < D; ++d) {
           xhat[d] = (xv[i * D + d] - row_mean[i]) * rstd[i];
           ghat[d] = g[i * D + d] * (w ? w[d] : T(1));
-          mean_g += ghat[d];
-          mean_gx += ghat[d] * xhat[d];
-          dw[d] += g[i * D + d] * xhat[d];
-          db[d] += g[i * D + d];
+          if (ctx.needs(1)) g_xhat.data()[i * D + d] = g[i * D + d] * xhat[d];
         }
-        mean_g /= T(D);
-        mean_gx /= T(D);
+        const T mean_g = detail::sum_of(ghat.data(), D) / T(D), mean_gx = detail::dot(ghat.data(), xhat.data(), D) / T(D);
         for (std::size_t d = 0; d < D; ++d) dx.data()[i * D + d] = rstd[i] * (ghat[d] - mean_g - xhat[d] * mean_gx);
       }
       ctx.accumulate(0, std::move(dx));
-      if (ctx.needs(1)) ctx.accumulate(1, std::move(dw));
-      if (ctx.needs(2)) ctx.accumulate(2, std::move(db));
+      const auto down_rows = [&](const T* rows) {  // (N, D) summed over N
+        Array<T> summed = xt::zeros<T>(Shape{D});
+        detail::add_column_sums(rows, N, D, summed.data());
+        return summed;
+      };
+      if (ctx.needs(1)) ctx.accumulate(1, down_rows(g_xhat.data()));
+      if (ctx.needs(2)) ctx.accumulate(2, down_rows(g));
     });
   });
 }

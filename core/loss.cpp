@@ -51,9 +51,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
       detail::exp_in_place(shifted.data() + lo * C, (hi - lo) * C);
       for (std::size_t i = lo; i < hi; ++i) {
         if (t[i] == ignore_index) continue;
-        T s = 0;
-        for (std::size_t c = 0; c < C; ++c) s += shifted[i * C + c];
-        log_sum[i] = std::log(s);
+        log_sum[i] = std::log(detail::sum_of(shifted.data() + i * C, C));
         term[i] = (max[i] - x[i * C + std::size_t(t[i])]) + log_sum[i];
       }
     });

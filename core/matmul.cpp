@@ -152,10 +152,8 @@ namespace {
 // Σ over the first axis of parts, in order, as an array of `shape`.
 template <class T>
 Array<T> sum_slabs(const Array<T>& parts, const Shape& shape) {
-  Array<T> total = Array<T>::from_shape(shape);
-  const std::size_t n = total.size();
-  std::copy(parts.data(), parts.data() + n, total.data());
-  for (std::size_t s = 1; s < parts.shape()[0]; ++s) detail::add_rows(total.data(), 1, n, parts.data() + s * n, total.data());
+  Array<T> total = xt::zeros<T>(shape);
+  detail::add_column_sums(parts.data(), parts.shape()[0], total.size(), total.data());
   return total;
 }
 

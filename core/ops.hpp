@@ -51,8 +51,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // --- attention.cpp: softmax(scale · q kᵀ) v for every head at once, the heads side by side in the
 // last dimension as projections produce them: q (B, Tq, H·dh), k (B, Tk, Hkv·dh), v (B, Tk, Hkv·dv)
 // -> (B, Tq, H·dv); query head h reads kv head h / (H / Hkv) (MQA, GQA). `causal`: query i sees
-// keys 0 … Tk − Tq + i. `allowed` (B, H, Tq, Tk), true = may attend, or 0-d for none. A query
-// that may attend no key gets zeros (and passes no gradient). Past 64 keys it works in tiles
+// keys 0 … Tk − Tq + i (none when Tq > Tk + i). `allowed` (B, H, Tq, Tk), true = may attend, or
+// 0-d for none. A query that may attend no key gets zeros (and passes no gradient). Past 64 keys it works in tiles
 // (FlashAttention): backward keeps the inputs, the output and two numbers per query, and computes
 // the weights again, so memory grows with T, not T² (but for a mask given, which it copies); up
 // to 64 keys it keeps the weights.

@@ -1,5 +1,6 @@
 // sum, mean, max over axes. Backward reshapes d output to the kept-dimension shape and
 // broadcasts it back over the reduced axes.
+#include <xtensor/xmanipulation.hpp>
 #include <xtensor/xmath.hpp>
 #include <xtensor/xreducer.hpp>
 #include <xtensor/xsort.hpp>
@@ -39,17 +40,15 @@ auto expand(const Array<T>& g, const Reduction& r) {
   return xt::broadcast(xt::reshape_view(g, r.kept), r.in);
 }
 
+// sum and mean: the sum over the axes, divided by `divisor` (1 for sum), as PyTorch's mean divides.
 template <class T>
-Tensor sum_scaled(const char* op, const Tensor& x, const Reduction& r, T scale) {
-  // xtensor's reducers read out of bounds on an empty input: a sum of nothing is 0 here.
-  Array<T> y = numel(r.in) == 0 ? Array<T>(xt::zeros<T>(r.kept))
-               : r.axes.empty()  ? Array<T>(x.value<T>())
-                                 : Array<T>(xt::sum(x.value<T>(), r.axes, keep));
-  if (scale != T(1)) y *= scale;
+Tensor sum_divided(const char* op, const Tensor& x, const Reduction& r, T divisor) {
+  Array<T> y = sum_over(x.value<T>(), r.axes);
+  if (divisor != T(1)) y /= divisor;
   y.reshape(r.out);
-  return record_op<T>(op, std::move(y), {&x}, [r, scale](BackwardContext<T>& ctx) {
+  return record_op<T>(op, std::move(y), {&x}, [r, divisor](BackwardContext<T>& ctx) {
     if (numel(r.in) == 0) return ctx.accumulate(0, Array<T>::from_shape(r.in));
-    ctx.accumulate(0, expand(ctx.grad(), r) * scale);
+    ctx.accumulate(0, expand(ctx.grad(), r) / divisor);
   });
 }
 
@@ -58,7 +57,7 @@ Tensor sum_scaled(const char* op, const Tensor& x, const Reduction& r, T scale) 
 Tensor sum(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim) {
   check_inputs("sum", {&x});
   const Reduction r = plan_for("sum", x, axes, keepdim);
-  return dispatch(x.dtype(), [&](auto t) { return sum_scaled<decltype(t)>("sum", x, r, 1); });
+  return dispatch(x.dtype(), [&](auto t) { return sum_divided<decltype(t)>("sum", x, r, 1); });
 }
 
 Tensor mean(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim) {
@@ -68,7 +67,7 @@ Tensor mean(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim
   if (r.count == 0 && numel(r.out) != 0) fail("mean", "reducing over an empty axis of shape {}", to_string(r.in));
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    return sum_scaled<T>("mean", x, r, r.count ? T(1) / static_cast<T>(r.count) : T(1));
+    return sum_divided<T>("mean", x, r, r.count ? static_cast<T>(r.count) : T(1));
   });
 }
 
@@ -93,5 +92,35 @@ Tensor max(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim)
     }, Save::output);
   });
 }
+
+template <class T>
+Array<T> detail::sum_over(const Array<T>& x, const std::vector<std::size_t>& axes) {
+  if (axes.empty()) return x;
+  const Shape in = to_shape(x.shape());
+  Shape kept = in;
+  for (std::size_t a : axes) kept[a] = 1;
+  if (axes.back() - axes.front() + 1 != axes.size()) {  // not one run of axes: moved last, a copy
+    std::vector<std::size_t> order, last;
+    for (std::size_t d = 0; d < in.size(); ++d)
+      if (!std::binary_search(axes.begin(), axes.end(), d)) order.push_back(d);
+    for (std::size_t a : axes) {
+      last.push_back(order.size());
+      order.push_back(a);
+    }
+    Array<T> summed = sum_over(Array<T>(xt::transpose(x, order)), last);
+    summed.reshape(kept);
+    return summed;
+  }
+  // x as (outer, len, inner), the reduced axes in the middle: each output is the sum of a column
+  // of one (len, inner) block, a contiguous run when inner = 1.
+  std::size_t outer = 1, len = 1, inner = 1;
+  for (std::size_t d = 0; d < in.size(); ++d) (d < axes.front() ? outer : d > axes.back() ? inner : len) *= in[d];
+  Array<T> out = xt::zeros<T>(kept);
+  if (len > 0 && out.size() > 0)  // else a sum of nothing, 0, or no sum
+    for (std::size_t o = 0; o < outer; ++o) add_column_sums(x.data() + o * len * inner, len, inner, out.data() + o * inner);
+  return out;
+}
+template Array<float> detail::sum_over(const Array<float>&, const std::vector<std::size_t>&);
+template Array<double> detail::sum_over(const Array<double>&, const std::vector<std::size_t>&);
 
 }  // namespace qkv

@@ -35,7 +35,7 @@ Shifted<T> shifted(const Array<T>& x, std::size_t axis) {
   for (T& m : s.max)
     if (m == -std::numeric_limits<T>::infinity()) m = T(0);
   s.exp = detail::exp_of<T>(x - s.max);
-  s.sum = xt::sum(s.exp, axes, keep);
+  s.sum = sum_over(s.exp, {axis});
   return s;
 }
 
@@ -114,8 +114,8 @@ Tensor log_softmax(const Tensor& x, std::int64_t axis) {
       // on a fully masked row, whose gradient is then 0 too.
       if (ctx.output().size() == 0) return ctx.accumulate(0, Array<T>(ctx.output()));
       const Array<T> p = detail::exp_of<T>(ctx.output());
-      const Array<T> total = xt::sum(ctx.grad(), std::array<std::size_t, 1>{ax}, keep);
-      const Array<T> row_alive = xt::cast<T>(xt::sum(p, std::array<std::size_t, 1>{ax}, keep) > T(0));
+      const Array<T> total = sum_over(ctx.grad(), {ax});
+      const Array<T> row_alive = xt::cast<T>(xt::amax(p, std::array<std::size_t, 1>{ax}, keep) > T(0));
       ctx.accumulate(0, (ctx.grad() - p * total) * row_alive);
     }, Save::output);
   });

@@ -101,7 +101,7 @@ struct FusedMask {
   MaskArray allowed;
 };
 FusedMask fused_mask(const AttentionMask& mask, std::size_t B, std::size_t H, std::size_t Tq, std::size_t Tk) {
-  const bool masks = mask.key_padding.dimension() > 0 || mask.allowed.dimension() > 0 || (mask.causal && Tq > Tk);
+  const bool masks = mask.key_padding.dimension() > 0 || mask.allowed.dimension() > 0;
   if (!masks) return {mask.causal, MaskArray()};
   return {false, allowed_keys(mask, B, H, Tq, Tk)};
 }

@@ -2,7 +2,9 @@
 // Vectorised loops: the softmax (float32; float64 plainly), over blocks of 16 query columns of transposed
 // scores Sᵀ (one row per key), where every operation is between whole rows of 16, with no sum or
 // maximum across lanes; e^x over an array, for cross-entropy; rows added to rows (a bias, a
-// sum); small transposes (float32 and float64). Each is compiled for AVX-512, AVX2 and the x86-64
+// sum); sums; small transposes (float32 and float64). Every sum, the softmax's included, adds in
+// a cascade (pairwise over runs of 16 terms, as PyTorch's and numpy's do), so that its rounding
+// error grows with the logarithm of the number of terms, not with the number. Each is compiled for AVX-512, AVX2 and the x86-64
 // baseline, and the CPU picks one when the program loads (target_clones). No multiply-add is
 // fused, so every version computes the same bits.
 #include <cstddef>
@@ -20,8 +22,8 @@ constexpr std::size_t softmax_lanes = 16;
 void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale);
 void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale);
 // One vector of n contiguous entries (a single query's scores, in decoding), of which the first
-// `limit` are visible: as a column of softmax_columns, vectorised along the entries (float32),
-// its total summed in another order.
+// `limit` are visible: as a column of softmax_columns, vectorised along the entries, its total
+// summed as sum_of sums.
 void softmax_row(float* s, std::size_t n, std::size_t limit, float scale);
 void softmax_row(double* s, std::size_t n, std::size_t limit, double scale);
 // Softmax backward in place of d, for p a block softmax_columns made (same ld and limits):
@@ -52,11 +54,18 @@ void softmax_again_columns(double* s, std::size_t ld, std::size_t rows, const st
 
 // A row added to every row, and its gradient, on rows × cols row-major blocks (a linear layer's
 // bias; a sum that broadcasts; with one row, the sum of two arrays): y[i, c] = x[i, c] + b[c]
-// for every row i (y may be x), and sums[c] += Σ_i g[i, c] (down the rows, in order).
+// for every row i (y may be x), and sums[c] += Σ_i g[i, c] (down the rows in the cascade, g read
+// in order).
 void add_rows(const float* x, std::size_t rows, std::size_t cols, const float* b, float* y);
 void add_rows(const double* x, std::size_t rows, std::size_t cols, const double* b, double* y);
 void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums);
 void add_column_sums(const double* g, std::size_t rows, std::size_t cols, double* sums);
+
+// Σ_j x[j] and Σ_j a[j] b[j] over j < n, vectorised along the entries.
+float sum_of(const float* x, std::size_t n);
+double sum_of(const double* x, std::size_t n);
+float dot(const float* a, const float* b, std::size_t n);
+double dot(const double* a, const double* b, std::size_t n);
 
 // dst (cols × rows, contiguous) = srcᵀ, for src rows × cols with rows of ld; for small matrices.
 void transpose_small(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, float* dst);

@@ -36,6 +36,12 @@ Array<T> exp_of(const E& e) {
   }
 }
 
+// x summed over `axes` (ascending, distinct), each kept as a dimension of size 1, in the cascade
+// of add_column_sums (core/detail/kernels.hpp): every sum, mean, broadcast gradient and softmax
+// denominator of an array goes through it. float and double; defined in reduce.cpp.
+template <class T>
+Array<T> sum_over(const Array<T>& x, const std::vector<std::size_t>& axes);
+
 template <class T>
 class BackwardContext {
  public:
@@ -139,4 +145,5 @@ using detail::check_inputs;
 using detail::dispatch;
 using detail::record_op;
 using detail::Save;
+using detail::sum_over;
 }  // namespace qkv

@@ -394,6 +394,9 @@ std::vector<GradcheckCase> build() {
         [](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 2, 2, 0.6, false); });
   c.add("scaled_dot_product_attention", "scaled_dot_product_attention causal, Tq 3 < Tk 5", sdpa(3, 5, 2, 2, 3, 2),
         [](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 2, 2, 0.6, true); });
+  // More queries than keys: queries 0 and 1 see none, query 2 sees key 0 alone.
+  c.add("scaled_dot_product_attention", "scaled_dot_product_attention causal, Tq 5 > Tk 3", sdpa(5, 3, 2, 2, 3, 2),
+        [](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 2, 2, 0.6, true); });
   c.add("scaled_dot_product_attention", "scaled_dot_product_attention GQA 4 heads, 2 kv heads, causal",
         sdpa(4, 4, 4, 2, 3, 2), [](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 4, 2, 0.6, true); });
   c.add("scaled_dot_product_attention", "scaled_dot_product_attention MQA, mask with a fully masked row",
@@ -409,6 +412,8 @@ std::vector<GradcheckCase> build() {
   // Past 64 keys, tiles of 64 × 64 with the online softmax, computed again in backward.
   c.add("scaled_dot_product_attention", "scaled_dot_product_attention in tiles, causal, Tq 70 < Tk 130",
         sdpa(70, 130, 2, 1, 1, 1), [](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 2, 1, 0.6, true); });
+  c.add("scaled_dot_product_attention", "scaled_dot_product_attention in tiles, causal, Tq 140 > Tk 70",
+        sdpa(140, 70, 2, 1, 1, 1), [](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], 2, 1, 0.6, true); });
   c.add("scaled_dot_product_attention", "scaled_dot_product_attention in tiles, GQA, mask hiding a whole tile",
         sdpa(70, 70, 4, 2, 1, 1), [](const Inputs& x) {
           MaskArray allowed = xt::ones<bool>(Shape{2, 4, 70, 70});

@@ -27,7 +27,7 @@ Array<double> reference(const Array<double>& q, const Array<double>& k, const Ar
         std::vector<double> s(Tk, -std::numeric_limits<double>::infinity());
         double m = -std::numeric_limits<double>::infinity();
         for (std::size_t j = 0; j < Tk; ++j) {
-          if (causal && j > Tk - Tq + i) continue;
+          if (causal && j + Tq > Tk + i) continue;  // j > Tk − Tq + i
           if (allowed.dimension() > 0 && !allowed(b, h, i, j)) continue;
           double dot = 0;
           for (std::size_t d = 0; d < dh; ++d) dot += q(b, i, h * dh + d) * k(b, j, kv * dh + d);
@@ -74,13 +74,16 @@ TEST_CASE("scaled_dot_product_attention equals a loop reference, with heads, GQA
   // with the online softmax, computed again in backward: 70 queries make two tiles, the last of 6;
   // 66 queries against 130 keys put the causal diagonal along tiles' diagonals 64 keys on, 70
   // against 130 across tiles (60 on); 70 queries against 66 keys, and a single query with a
-  // gradient, are tiles too.
+  // gradient, are tiles too. Causal with more queries than keys: the first Tq − Tk queries see
+  // nothing, in one tile (6 against 4) and in tiles (150 against 70: the first block of 64 queries
+  // sees nothing, the second partly).
   for (const Case c : {Case{5, 5, 2, 2, 3, 3, false, false}, Case{5, 5, 4, 2, 3, 2, true, false},
                        Case{3, 6, 3, 1, 4, 2, true, false}, Case{4, 3, 2, 1, 2, 5, false, true},
                        Case{6, 6, 4, 4, 1, 1, true, true}, Case{70, 70, 2, 1, 1, 1, true, false},
                        Case{66, 130, 2, 2, 1, 2, true, true}, Case{70, 130, 2, 1, 1, 2, true, true},
                        Case{68, 72, 4, 2, 1, 1, false, true}, Case{70, 66, 2, 1, 1, 1, false, false},
-                       Case{1, 100, 2, 1, 2, 2, false, false}}) {
+                       Case{1, 100, 2, 1, 2, 2, false, false}, Case{6, 4, 2, 1, 3, 2, true, false},
+                       Case{6, 4, 2, 2, 2, 2, true, true}, Case{150, 70, 2, 1, 1, 2, true, false}}) {
     INFO("Tq " << c.Tq << " Tk " << c.Tk << " H " << c.H << " Hkv " << c.Hkv << " causal " << c.causal << " masked " << c.masked);
     const Tensor q = random_input({2, c.Tq, c.H * c.dh}, gen), k = random_input({2, c.Tk, c.Hkv * c.dh}, gen),
                  v = random_input({2, c.Tk, c.Hkv * c.dv}, gen);
@@ -137,6 +140,35 @@ TEST_CASE("scaled_dot_product_attention in float32 matches float64, and a query 
                                                   0.5, true, allowed);
   check_close(y32, y64.value<double>(), 1e-5);
   for (std::size_t d = 3; d < 6; ++d) CHECK(y64.value<double>()(0, 2, d) == 0);  // head 1 of batch 0, query 2
+}
+
+TEST_CASE("scaled_dot_product_attention, causal with more queries than keys: query i sees keys up to Tk − Tq + i, and those that see none get zeros and pass no gradient") {
+  // 7 queries against 4 keys (one tile), 200 against 70 (tiles: queries 0-129 see nothing, the
+  // first two blocks of 64 wholly); float64 and float32.
+  for (const auto& [Tq, Tk] : {std::pair<std::size_t, std::size_t>{7, 4}, {200, 70}}) {
+    for (const DType dtype : {DType::float64, DType::float32}) {
+      INFO("Tq " << Tq << ", Tk " << Tk << ", " << dtype_name(dtype));
+      Generator gen(Tq);
+      const auto input = [&](const Shape& shape) { return randn(shape, DType::float64, gen).to(dtype).detach().requires_grad_(); };
+      const Tensor q = input({2, Tq, 8}), k = input({2, Tk, 4}), v = input({2, Tk, 4});
+      const Tensor y = scaled_dot_product_attention(q, k, v, 2, 1, 0.5, true);
+      const auto in64 = [](const Tensor& t) { return t.to(DType::float64).value<double>(); };
+      check_close(y, reference(in64(q), in64(k), in64(v), 2, 1, 0.5, true), dtype == DType::float64 ? 1e-13 : 2e-6);
+      sum(y * y).backward();
+      const Array<double> out = in64(y), dq = in64(q.grad());
+      for (std::size_t b = 0; b < 2; ++b)
+        for (std::size_t i = 0; i < Tq; ++i)
+          for (std::size_t e = 0; e < 8; ++e) {
+            INFO("b " << b << ", query " << i << ", " << e);
+            if (i < Tq - Tk) {
+              CHECK(out(b, i, e) == 0);
+              CHECK(dq(b, i, e) == 0);
+            }
+            // Query Tq − Tk sees key 0 alone, with weight 1 whatever its q: its dq is 0 too.
+            if (i > Tq - Tk) CHECK(dq(b, i, e) != 0);
+          }
+    }
+  }
 }
 
 TEST_CASE("scaled_dot_product_attention's float32 kernels match float64, values and gradients, on padded rows and tiles, with masks") {
@@ -203,8 +235,6 @@ TEST_CASE("scaled_dot_product_attention rejects bad shapes, naming them") {
              Contains("queries have 4 features per head and keys 2"));
   CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, zeros({2, 4, 4}, DType::float64), 2, 2, 1, false); }),
              Contains("one batch size, and keys and values of one length"));
-  CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(k, q, zeros({2, 3, 4}, DType::float64), 2, 2, 1, true); }),
-             Contains("5 queries and 3 keys: a causal mask needs at least as many keys as queries"));
   CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, v, 2, 2, 1, false, MaskArray(xt::ones<bool>(Shape{2, 3, 5}))); }),
              Contains("mask of shape (2,3,5) must be (B, H, Tq, Tk) = (2,2,3,5)"));
   CHECK_THAT(invalid_argument_message([&] { scaled_dot_product_attention(q, k, v.to(DType::float32), 2, 2, 1, false); }),
