@@ -106,33 +106,33 @@ struct Wide<double> {
   using type = double __attribute__((vector_size(64)));
 };
 
-// Σ a_j, or Σ a_j b_j when b is not null, over j < n: the cascade down vectors of consecutive
-// entries (the last padded with zeros), then the lanes added pairwise.
+// Σ a_j, or Σ a_j b_j when b is not null, over j < n: the cascade down the whole vectors of
+// consecutive entries, their lanes added pairwise, then the fewer than `width` entries left over
+// (a short row is only those: a loss over a few classes, a head's width).
 template <class T>
 QKV_INLINE T sum_contiguous(const T* a, const T* b, std::size_t n) {
   using V = typename Wide<T>::type;
   constexpr std::size_t width = sizeof(V) / sizeof(T);
-  const auto load = [](V& v, const T* x, const T* y) QKV_INLINE_LAMBDA {  // x_j, or x_j y_j
-    std::memcpy(&v, x, sizeof v);
-    if (!y) return;
-    V w;
-    std::memcpy(&w, y, sizeof w);
-    v *= w;
-  };
-  V total;
-  cascade_sum((n + width - 1) / width, [&](std::size_t j, V& v) QKV_INLINE_LAMBDA {
-    const std::size_t at = j * width;
-    if (at + width <= n) return load(v, a + at, b ? b + at : nullptr);
-    T x[width] = {}, y[width] = {};  // the last vector, padded with zeros
-    std::copy(a + at, a + n, x);
-    if (b) std::copy(b + at, b + n, y);
-    load(v, x, b ? y : nullptr);
-  }, total);
-  T lanes_left[width];
-  std::memcpy(lanes_left, &total, sizeof total);
-  for (std::size_t half = width / 2; half > 0; half /= 2)
-    for (std::size_t i = 0; i < half; ++i) lanes_left[i] += lanes_left[i + half];
-  return lanes_left[0];
+  const std::size_t whole = n / width;
+  T total = 0;
+  if (whole > 0) {
+    V sum;
+    cascade_sum(whole, [&](std::size_t j, V& v) QKV_INLINE_LAMBDA {
+      std::memcpy(&v, a + j * width, sizeof v);
+      if (!b) return;
+      V w;
+      std::memcpy(&w, b + j * width, sizeof w);
+      v *= w;
+    }, sum);
+    T lanes_left[width];
+    std::memcpy(lanes_left, &sum, sizeof sum);
+    for (std::size_t half = width / 2; half > 0; half /= 2)
+      for (std::size_t i = 0; i < half; ++i) lanes_left[i] += lanes_left[i + half];
+    total = lanes_left[0];
+  }
+  T rest[4] = {};
+  for (std::size_t j = whole * width, k = 0; j < n; ++j, k = (k + 1) % 4) rest[k] += b ? a[j] * b[j] : a[j];
+  return total + ((rest[0] + rest[1]) + (rest[2] + rest[3]));
 }
 
 // The cascade's partial sums as whole rows of g (rows × cols, row-major), for its column sums:
@@ -142,15 +142,15 @@ struct RowPartials {
   static constexpr std::size_t run = cascade_run;
   const T* g;
   std::size_t cols;
-  std::vector<T> slots;
+  T* slots;  // depth rows of cols
   QKV_INLINE void set(std::size_t s, std::size_t j0, std::size_t j1) {
-    T* to = slots.data() + s * cols;
+    T* to = slots + s * cols;
     std::fill(to, to + cols, T(0));
     for (std::size_t j = j0; j < j1; ++j)
       for (std::size_t c = 0; c < cols; ++c) to[c] += g[j * cols + c];
   }
   QKV_INLINE void merge(std::size_t a, std::size_t b) {
-    T *to = slots.data() + a * cols, *from = slots.data() + b * cols;
+    T *to = slots + a * cols, *from = slots + b * cols;
     for (std::size_t c = 0; c < cols; ++c) to[c] += from[c];
   }
 };
@@ -163,7 +163,11 @@ QKV_INLINE void column_sums(const T* g, std::size_t rows, std::size_t cols, T* s
     return;
   }
   const std::size_t depth = std::bit_width(rows / RowPartials<T>::run) + 1;
-  RowPartials<T> p{g, cols, std::vector<T>(depth * cols)};
+  // The partial sums on the stack when they are few (a bias's gradient): no allocation per call.
+  constexpr std::size_t on_stack = 4096 / sizeof(T);
+  T stack[on_stack];
+  std::vector<T> heap(depth * cols > on_stack ? depth * cols : 0);
+  RowPartials<T> p{g, cols, heap.empty() ? stack : heap.data()};
   cascade(rows, p);
   for (std::size_t c = 0; c < cols; ++c) sums[c] += p.slots[c];
 }
