@@ -141,7 +141,11 @@ RunLock::RunLock(const std::string& dir) {
 }
 
 RunLock::~RunLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
+  if (fd_ < 0) return;
+  // Emptied first: a contender that reads the file between the next holder's lock and its pid
+  // waits for the pid rather than naming this process.
+  [[maybe_unused]] const int ignored = ::ftruncate(fd_, 0);
+  ::close(fd_);  // releases the flock
 }
 
 RunLock::RunLock(RunLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
@@ -151,8 +155,9 @@ void check_file_links(const std::string& dir, const std::vector<std::string>& na
     std::error_code error;
     const fs::file_status status = fs::symlink_status(dir + "/" + name, error);
     if (fs::exists(status) && !fs::is_symlink(status) && !fs::is_regular_file(status))
-      throw std::runtime_error(fmt::format("{}/{}: is {}, where the run keeps its link to checkpoint/{}; move it away",
-                                           dir, name, fs::is_directory(status) ? "a folder" : "not a regular file", name));
+      throw std::runtime_error(fmt::format("{}/{}: is {}, where the run keeps its link to {}; move it away", dir, name,
+                                           fs::is_directory(status) ? "a folder" : "not a regular file",
+                                           name == "checkpoint" ? "a checkpoint-STEP folder" : "checkpoint/" + name));
   }
 }
 
@@ -189,9 +194,10 @@ std::optional<std::string> committed_checkpoint(const std::string& dir) {
   const std::string link = dir + "/checkpoint";
   if (const auto status = fs::symlink_status(link, error); fs::exists(status)) {
     const fs::path target = fs::read_symlink(link, error);
-    throw std::runtime_error(fmt::format(
-        "{}: is {}, not a link to one of the run's checkpoint-STEP folders (a resume repairs it)", link,
-        fs::is_symlink(status) ? fmt::format("a link to '{}'", target.string()) : std::string("not a link")));
+    const bool is_link = fs::is_symlink(status);
+    throw std::runtime_error(fmt::format("{}: is {}, not a link to one of the run's checkpoint-STEP folders ({})", link,
+                                         is_link ? fmt::format("a link to '{}'", target.string()) : "not a link",
+                                         is_link ? "a resume repairs it" : "move it away"));
   }
   if (fs::is_regular_file(fs::symlink_status(dir + "/model.safetensors", error))) return dir;  // an older run's layout
   return std::nullopt;
@@ -329,6 +335,7 @@ Checkpoint load_checkpoint(const std::string& dir, Module& model) {
 std::optional<Checkpoint> resume_checkpoint(const std::string& dir,
                                             const std::function<void(const Checkpoint&)>& restore,
                                             std::ostream& notes) {
+  check_file_links(dir, {"checkpoint"});  // a folder of the user's there: never replaced by a repair
   // The committed checkpoint, then the older ones, newest first. Newer ones were never committed.
   std::vector<std::string> candidates, faults;
   std::optional<std::string> committed;
@@ -342,24 +349,23 @@ std::optional<Checkpoint> resume_checkpoint(const std::string& dir,
   for (const auto& [step, folder] : checkpoint_folders(dir))
     if (!committed || (committed_step && step < *committed_step)) candidates.push_back(folder);
   for (const std::string& folder : candidates) {
+    std::optional<Checkpoint> c;
     try {
-      Checkpoint c = read_checkpoint(folder);
-      restore(c);
-      if (!faults.empty()) {
-        notes << fmt::format("resuming from {} (step {}), the newest checkpoint that loads; passed over:\n", folder,
-                             c.info.step);
-        for (const std::string& fault : faults) notes << "  " << fault << "\n";
-        if (const auto step = checkpoint_step(folder)) recommit_checkpoint(dir, *step);
-      }
-      return c;
+      c = read_checkpoint(folder);
+      restore(*c);
     } catch (const std::runtime_error& e) {
       faults.push_back(e.what());
+      continue;
     }
+    if (!faults.empty()) {
+      notes << fmt::format("resuming from {} (step {}), the newest checkpoint that loads; passed over:\n", folder,
+                           c->info.step);
+      for (const std::string& fault : faults) notes << "  " << fault << "\n";
+      if (const auto step = checkpoint_step(folder)) recommit_checkpoint(dir, *step);
+    }
+    return c;
   }
-  if (candidates.empty() && faults.size() <= 1) {
-    if (!faults.empty()) notes << faults[0] << "\n";
-    return std::nullopt;
-  }
+  if (faults.empty()) return std::nullopt;
   std::string all;
   for (const std::string& fault : faults) all += "\n  " + fault;
   throw std::runtime_error(fmt::format("{}: no checkpoint loads:{}", dir, all));

@@ -154,6 +154,8 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   const bool has_runs = std::filesystem::exists(out + "/runs", error) && !std::filesystem::is_empty(out + "/runs", error);
   if (!e.force && (std::filesystem::exists(out + "/results.json", error) || has_runs))
     throw UsageError(fmt::format("--out {}: holds an experiment's results already; give --force to replace them", out));
+  // Replaced: the old results go before the first run does, so that none outlives the runs it told of.
+  for (const char* file : {"results.json", "table.md"}) std::filesystem::remove(out + "/" + file, error);
   std::filesystem::create_directories(out + "/runs");
   std::ostringstream quiet;
   ExperimentResult result;
@@ -201,7 +203,14 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
       };
       progress << fmt::format("[{:>3}/{}] {}, seed {}", done + 1, total, label_text(config.labels), seed)
                << (tty ? "\n" : "") << std::flush;
-      const TrainResult r = train(o, tty ? progress : quiet, tty, observe);
+      TrainResult r;
+      try {
+        r = train(o, tty ? progress : quiet, tty, observe);
+      } catch (const Interrupted& stopped) {
+        throw Interrupted(stopped.signal, fmt::format("interrupted in the run in {}: the experiment wrote no results; "
+                                                      "run it again with --force",
+                                                      o.out));
+      }
       if (curve.empty() || curve.front()["step"] != 0 || curve.back()["step"] != r.steps)
         throw std::logic_error(fmt::format("{}: the run's curve does not run from step 0 to step {}", o.out, r.steps));
       const Json& first = curve.front();

@@ -243,6 +243,9 @@ void check_memory(const TrainOptions& o, bool training) {
     consider("batch", double(o.batch), double(defaults.batch), [&](TrainOptions& s) { s.batch = defaults.batch; });
     consider("model.max_len", double(m.max_len), double(d.max_len), [&](TrainOptions& s) { s.model.max_len = d.max_len; });
     consider("model.layers", double(m.layers), double(d.layers), [&](TrainOptions& s) { s.model.layers = d.layers; });
+    if (o.encoder_layers)
+      consider("encoder_layers", double(o.encoder_layers), double(defaults.encoder_layers),
+               [&](TrainOptions& s) { s.encoder_layers = defaults.encoder_layers; });
     consider("model.d_model", double(m.d_model), double(d.d_model), [&](TrainOptions& s) { s.model.d_model = d.d_model; });
     consider("model.heads", double(m.heads), double(d.heads), [&](TrainOptions& s) { s.model.heads = d.heads; });
     // d_head and kv_heads only where they were given: otherwise heads and d_model set them.
@@ -489,8 +492,9 @@ bool holds_run(const std::string& dir) {
   if (fs::exists(dir + "/config.json") || !nn::checkpoint_folders(dir).empty()) return true;
   try {
     return nn::committed_checkpoint(dir).has_value();
-  } catch (const std::runtime_error&) {
-    return true;
+  } catch (const std::runtime_error&) {  // a link of the run's that points elsewhere; a file is the user's
+    std::error_code error;
+    return fs::is_symlink(fs::symlink_status(dir + "/checkpoint", error));
   }
 }
 
@@ -723,11 +727,12 @@ TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator
     observed(step + 1);
     // A signal is answered once: a caller that goes on after Interrupted is not stopped again.
     const int signal = step + 1 < last_step ? stop_signal.exchange(0) : 0;
-    if (signal && folder.replacing())  // the run it would replace stays whole, as --force promises
+    const bool due = (step + 1) % o.checkpoint_every == 0 || step + 1 == last_step;
+    if (signal && !due && folder.replacing())  // the run it would replace stays whole, as --force promises
       throw Interrupted(signal, fmt::format("interrupted at step {} of {}, before its first checkpoint: {} keeps the run "
                                             "it had",
                                             step + 1, o.steps, out.string()));
-    if ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step || signal) {
+    if (due || signal) {
       save_checkpoint(folder.path(), model, opt, {.step = step + 1, .rng = gen.state()});
       folder.checkpointed();
     }
@@ -789,8 +794,11 @@ void stop_on_signals() {
   action.sa_handler = request_stop;
   action.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops the program at once
   sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (const int signal : {SIGINT, SIGTERM}) {
+    struct sigaction old {};
+    // A signal ignored when the program started stays ignored (a background job's SIGINT).
+    if (sigaction(signal, nullptr, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(signal, &action, nullptr);
+  }
 }
 
 TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe) {

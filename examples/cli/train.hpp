@@ -106,8 +106,8 @@ optim::Schedule training_schedule(const TrainOptions& options);
 // new steps, and the learning rate follows the schedule of the new steps from the checkpoint on
 // (equal to a run trained to the new steps from the start when the steps already taken had the
 // same learning rates, as after a warmup with min_lr_ratio 1; train says which). Any other option
-// that differs from the run's config.json is refused with UsageError, as is a number of steps
-// below the checkpoint's.
+// that differs from the run's config.json is refused with UsageError, as are fewer steps than
+// config.json records.
 void check_resume_options(const TrainOptions& recorded, const TrainOptions& options);
 
 // A run stopped by a signal after it committed a checkpoint of its last step (see
@@ -117,8 +117,9 @@ struct Interrupted : std::runtime_error {
   int signal;
 };
 // From now on, SIGINT or SIGTERM ask the run in progress to stop: it finishes its step, commits a
-// checkpoint and throws Interrupted. A second signal ends the program at once (the checkpoint
-// already committed stays whole).
+// checkpoint and throws Interrupted (a signal during the last step lets the run finish). A second
+// signal ends the program at once (the checkpoint already committed stays whole). A signal the
+// program was started ignoring (a background job's SIGINT) stays ignored.
 void stop_on_signals();
 
 // The defaults of each task (its TaskSpec's), with which `qkv train TASK` reaches its target.

@@ -7,7 +7,7 @@ set -uo pipefail
 qkv="$1"
 scenario="$2"
 work="$(mktemp -d)"
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill -KILL $(jobs -p) 2>/dev/null; wait; rm -rf "$work"' EXIT
 cd "$work"
 
 fail() {
@@ -142,6 +142,11 @@ case "$scenario" in
     run "$qkv" train brackets --out mine
     expect 2 "--out mine: holds"
     [ -d mine/build.tmp ] && [ ! -e mine/run.lock ] && [ "$(ls mine | wc -l)" -eq 2 ] || fail "the folder was touched"
+    # Another program's file named checkpoint (TensorFlow writes one) is no qkv run: --force is no cure.
+    echo 'model_checkpoint_path: "ckpt-1"' >mine/checkpoint
+    run "$qkv" train brackets --out mine --force
+    expect 2 "--out mine: holds '"
+    [ -f mine/checkpoint ] && [ -f mine/notes.txt ] || fail "the folder was touched"
     ;;
   force-replaces)  # the old run stays until the new one's first checkpoint
     small_run
@@ -359,7 +364,8 @@ SENTENCES
     # Stops a run when it has printed $1 (after it logged a step), with signal $2; its exit code
     # in $code, its stderr in $err, and the step of its checkpoint in $step.
     stop_when() {
-      for _ in $(seq 200); do grep -qF "$1" err.txt && [ -s run/metrics.jsonl ] && break; sleep 0.1; done
+      for _ in $(seq 300); do grep -qF "$1" err.txt && [ -s run/metrics.jsonl ] && break; sleep 0.1; done
+      grep -qF "$1" err.txt && [ -s run/metrics.jsonl ] || fail "the run did not say '$1' and log a step: $(cat err.txt)"
       kill -"$2" "$pid"
       wait "$pid"
       code=$?
@@ -368,13 +374,14 @@ SENTENCES
       [ -n "$step" ] && [ "$(readlink run/checkpoint)" = "$(printf 'checkpoint-%08d' "$step")" ] \
         || fail "no checkpoint of the step it stopped at: $err"
     }
-    "$qkv" train brackets --out run --steps 1000000 --checkpoint-every 1000000 --layers 1 --heads 1 --d-model 8 \
-      >/dev/null 2>err.txt &
+    set -m  # job control: a background job's SIGINT is not ignored, as from a terminal
+    timeout 300 "$qkv" train brackets --out run --steps 1000000 --checkpoint-every 1000000 --layers 1 --heads 1 \
+      --d-model 8 >/dev/null 2>err.txt &
     pid=$!
     stop_when "" INT
     expect 130 "interrupted at step $step of 1000000; the checkpoint of step $step is in run; continue with --resume"
     first="$step"
-    "$qkv" train brackets --out run --resume >/dev/null 2>err.txt &
+    timeout 300 "$qkv" train brackets --out run --resume >/dev/null 2>err.txt &
     pid=$!
     stop_when "qkv train: resuming run from step $first of 1000000" TERM
     expect 143 "interrupted at step"

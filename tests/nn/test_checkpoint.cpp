@@ -106,12 +106,14 @@ TEST_CASE("a lock taken a moment ago names its holder once it writes its pid, an
   const int fd = ::open((dir + "/run.lock").c_str(), O_RDWR | O_CREAT, 0644);
   REQUIRE(fd >= 0);
   REQUIRE(::flock(fd, LOCK_EX) == 0);
-  std::thread holder([fd] {
+  ssize_t written = 0;
+  std::thread holder([fd, &written] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    CHECK(::pwrite(fd, "4242\n", 5, 0) == 5);
+    written = ::pwrite(fd, "4242\n", 5, 0);
   });
   CHECK_THROWS_WITH(RunLock(dir), Contains("(pid 4242)"));
   holder.join();
+  CHECK(written == 5);
   ::close(fd);
 }
 
@@ -160,9 +162,20 @@ TEST_CASE("a checkpoint link that points out of the run is named, and a resume f
   fs::remove(dir + "/checkpoint");
   fs::create_directories(dir + "/checkpoint");
   CHECK_THAT(runtime_error_message([&] { committed_checkpoint(dir); }), Contains(dir + "/checkpoint: is not a link"));
+  CHECK_THAT(runtime_error_message([&] { committed_checkpoint(dir); }), Contains("(move it away)"));
   CHECK_THAT(runtime_error_message([&] { save_checkpoint(dir, model, {}, {.step = 30}); }),
+             Contains(dir + "/checkpoint: is a folder, where the run keeps its link to a checkpoint-STEP folder"));
+  std::ostringstream notes;
+  CHECK_THAT(runtime_error_message([&] { resume_checkpoint(dir, [](const Checkpoint&) {}, notes); }),
              Contains(dir + "/checkpoint: is a folder"));
+  CHECK(notes.str().empty());
   CHECK(fs::is_directory(fs::symlink_status(dir + "/checkpoint")));
+  // A link to elsewhere and no checkpoint folder left: the run is named, never restarted from step 0.
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink("/etc", dir + "/checkpoint");
+  CHECK_THAT(runtime_error_message([&] { resume_checkpoint(dir, [](const Checkpoint&) {}, notes); }),
+             Contains(dir + ": no checkpoint loads") && Contains("is a link to '/etc'"));
 }
 
 TEST_CASE("replace_folder swaps a new folder in and removes the old one") {
