@@ -105,23 +105,49 @@ struct Heads {
 };
 
 // The products of one tile shape, nk keys × nq queries; Sᵀ and dPᵀ have rows of ld. Of each pair,
-// the first sets and the second adds.
+// the first sets its block of the result and the second writes a part (rows of d numbers, dense)
+// that add_part then adds: a sum over many tiles adds each tile's total once, rather than chaining
+// every multiply-add of every tile onto one accumulator (which gave dK twice PyTorch's float32
+// error at 600 positions).
 template <class T>
 struct TileProducts {
   using Product = detail::SmallGemm<T>;
-  Product scores, mix_set, mix_add, dv_set, dv_add, dp, dq_set, dq_add, dk_set, dk_add;
+  Product scores, mix_set, mix_part, dv_set, dv_part, dp, dq_set, dq_part, dk_set, dk_part;
   TileProducts(const Layout& L, const Operand (&op)[3], std::size_t nk, std::size_t nq, std::size_t ld)
       : scores(false, nk, nq, L.dh, op[1].ld, L.Tq, ld, false),  // Sᵀ = K_j · (Qᵀ)_i
         mix_set(true, nq, L.dv, nk, ld, op[2].ld, L.H * L.dv, false),  // O_i = (Pᵀ)ᵀ V_j
-        mix_add(true, nq, L.dv, nk, ld, op[2].ld, L.H * L.dv, true),
+        mix_part(true, nq, L.dv, nk, ld, op[2].ld, L.dv, false),
         dv_set(false, nk, L.dv, nq, ld, L.H * L.dv, op[2].ld, false),  // dV_j = Pᵀ dO_i
-        dv_add(false, nk, L.dv, nq, ld, L.H * L.dv, op[2].ld, true),
+        dv_part(false, nk, L.dv, nq, ld, L.H * L.dv, L.dv, false),
         dp(false, nk, nq, L.dv, op[2].ld, L.Tq, ld, false),  // dPᵀ = V_j · (dOᵀ)_i
         dq_set(true, nq, L.dh, nk, ld, op[1].ld, op[0].ld, false),  // dQ_i = (dSᵀ)ᵀ K_j
-        dq_add(true, nq, L.dh, nk, ld, op[1].ld, op[0].ld, true),
+        dq_part(true, nq, L.dh, nk, ld, op[1].ld, L.dh, false),
         dk_set(false, nk, L.dh, nq, ld, op[0].ld, op[1].ld, false),  // dK_j = dSᵀ Q_i
-        dk_add(false, nk, L.dh, nq, ld, op[0].ld, op[1].ld, true) {}
+        dk_part(false, nk, L.dh, nq, ld, op[0].ld, L.dh, false) {}
 };
+
+// out (rows × cols, rows ld apart) = out · rescale[row] + part (rows × cols, dense); no rescale
+// when it is null.
+template <class T>
+void add_part(const T* part, std::size_t rows, std::size_t cols, T* out, std::size_t ld, const T* rescale = nullptr) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    T* o = out + r * ld;
+    const T* a = part + r * cols;
+    if (rescale)
+      for (std::size_t c = 0; c < cols; ++c) o[c] = o[c] * rescale[r] + a[c];
+    else
+      for (std::size_t c = 0; c < cols; ++c) o[c] += a[c];
+  }
+}
+
+// Sets `out` with `set` when first, else adds the product `part` writes (into scratch `buffer`).
+template <class T>
+void set_or_add(bool first, const detail::SmallGemm<T>& set, const detail::SmallGemm<T>& part, std::size_t rows,
+                std::size_t cols, T* buffer, const T* a, const T* b, T* out, std::size_t ld) {
+  if (first) return set(a, b, out);
+  part(a, b, buffer);
+  add_part(buffer, rows, cols, out, ld);
+}
 
 // The tiles of one call: full ones of bk × bq, and those cut short at the ends of the sequences.
 template <class T>
@@ -223,8 +249,8 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
   // stride 0, and a flat index through operator[] would land on the first element.
   if (saved && !keep) saved->shift = saved->inverse = Array<T>::from_shape({L.B * L.H * L.Tq});
   for_each_head(L, [&](std::size_t b, std::size_t kv) {
-    T* Qt = scratch<T>(L.dh * L.Tq + tiles.bk * ld + 3 * ld);
-    T *tile = Qt + L.dh * L.Tq, *m = tile + tiles.bk * ld, *l = m + ld, *rescale = l + ld;
+    T* Qt = scratch<T>(L.dh * L.Tq + tiles.bk * ld + 3 * ld + block * L.dv);
+    T *tile = Qt + L.dh * L.Tq, *m = tile + tiles.bk * ld, *l = m + ld, *rescale = l + ld, *part = rescale + ld;
     const T *K = x.K + x.k(b, kv, L), *V = x.V + x.v(b, kv, L);
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
       detail::transpose(x.Q + x.q(b, h, L), L.Tq, L.dh, op[0].ld, Qt);
@@ -255,10 +281,12 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
           by_columns(L, i0, nq, j0, nk, [&](std::size_t c0, const std::int32_t* limits) {
             detail::online_softmax_columns(tile + c0, ld, nk, limits, shown, m + c0, l + c0, rescale + c0);
           });
-          if (j0 > 0)
-            for (std::size_t c = 0; c < nq; ++c)
-              for (std::size_t e = 0; e < L.dv; ++e) Oi[c * ldo + e] *= rescale[c];
-          (j0 == 0 ? p.mix_set : p.mix_add)(tile, V + j0 * op[2].ld, Oi);
+          if (j0 == 0) {
+            p.mix_set(tile, V, Oi);
+          } else {  // O_i · e^(m_old − m) + P V_j
+            p.mix_part(tile, V + j0 * op[2].ld, part);
+            add_part(part, nq, L.dv, Oi, ldo, rescale);
+          }
         }
         for (std::size_t c = 0; c < nq; ++c) {
           const T inverse = l[c] > 0 ? 1 / l[c] : 0;  // a query that sees nothing: a row of 0
@@ -285,9 +313,9 @@ void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scal
   const bool keep = keeps_weights(L);
   const T shown = softmax_scale(L, scale);
   for_each_head(L, [&](std::size_t b, std::size_t kv) {
-    T* Qt = scratch<T>((L.dh + L.dv) * L.Tq + 2 * tiles.bk * ld + 3 * Tq_padded);
+    T* Qt = scratch<T>((L.dh + L.dv) * L.Tq + 2 * tiles.bk * ld + 3 * Tq_padded + block * std::max(L.dh, L.dv));
     T *dOt = Qt + L.dh * L.Tq, *tile = dOt + L.dv * L.Tq, *dS = tile + tiles.bk * ld, *D = dS + tiles.bk * ld,
-      *shift = D + Tq_padded, *inverse = shift + Tq_padded;
+      *shift = D + Tq_padded, *inverse = shift + Tq_padded, *part = inverse + Tq_padded;
     const T *K = x.K + x.k(b, kv, L), *V = x.V + x.v(b, kv, L);
     for (std::size_t h = kv * L.G(); h < (kv + 1) * L.G(); ++h) {
       const T *Q = x.Q + x.q(b, h, L), *dOh = dO + b * L.Tq * ldo + h * L.dv;
@@ -321,15 +349,15 @@ void backward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scal
               detail::softmax_again_columns(tile + c0, ld, nk, limits, shown, shift + i0 + c0, inverse + i0 + c0);
             });
           }
-          if (dV) (first_k ? p.dv_set : p.dv_add)(P, dOh + i0 * ldo, dV + x.v(b, kv, L) + j0 * op[2].ld);
+          if (dV) set_or_add(first_k, p.dv_set, p.dv_part, nk, L.dv, part, P, dOh + i0 * ldo, dV + x.v(b, kv, L) + j0 * op[2].ld, op[2].ld);
           if (!dQ && !dK) continue;
           p.dp(V + j0 * op[2].ld, dOt + i0, dS);
           // dSᵀ: a kept tile is every key a query sees, and sums P ⊙ dP itself; otherwise D is that sum.
           by_columns(L, i0, nq, j0, nk, [&](std::size_t c0, const std::int32_t* limits) {
             detail::softmax_backward_columns(P + c0, dS + c0, ld, nk, limits, scale, keep ? nullptr : D + i0 + c0);
           });
-          if (dQh) (j0 == 0 ? p.dq_set : p.dq_add)(dS, K + j0 * op[1].ld, dQh + i0 * op[0].ld);
-          if (dK) (first_k ? p.dk_set : p.dk_add)(dS, Q + i0 * op[0].ld, dK + x.k(b, kv, L) + j0 * op[1].ld);
+          if (dQh) set_or_add(j0 == 0, p.dq_set, p.dq_part, nq, L.dh, part, dS, K + j0 * op[1].ld, dQh + i0 * op[0].ld, op[0].ld);
+          if (dK) set_or_add(first_k, p.dk_set, p.dk_part, nk, L.dh, part, dS, Q + i0 * op[0].ld, dK + x.k(b, kv, L) + j0 * op[1].ld, op[1].ld);
         }
       }
     }

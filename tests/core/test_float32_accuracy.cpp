@@ -161,7 +161,7 @@ TEST_CASE("float32 cross_entropy over 50257 classes and its gradient are within 
   check_within_twice_torch(max_relative(x32.grad(), dx), torch_case("cross_entropy_grad").at("torch_error").get<double>(), 0);
 }
 
-TEST_CASE("float32 causal attention over 600 positions stays near PyTorch's error against float64, values and gradients") {
+TEST_CASE("float32 causal attention over 600 positions is within twice PyTorch's error against float64, values and gradients") {
   const json& c = torch_case("attention");
   const std::size_t T = size(c, "T"), H = size(c, "heads"), d = size(c, "d_head");
   const json& seeds = c.at("seeds");
@@ -182,11 +182,6 @@ TEST_CASE("float32 causal attention over 600 positions stays near PyTorch's erro
   const json& torch_error = c.at("torch_error");
   check_within_twice_torch(normwise(y32, y64.value<double>()), torch_error.at("output").get<double>(), 0);
   check_within_twice_torch(normwise(in32[0].grad(), in64[0].grad().value<double>()), torch_error.at("dq").get<double>(), 0);
+  check_within_twice_torch(normwise(in32[1].grad(), in64[1].grad().value<double>()), torch_error.at("dk").get<double>(), 0);
   check_within_twice_torch(normwise(in32[2].grad(), in64[2].grad().value<double>()), torch_error.at("dv").get<double>(), 0);
-  // dK = Σ_i dS_iᵀ Q_i over the queries, in the tiles' products (64 queries each, multiply-adds in
-  // order, then tile after tile): 2 to 3 times PyTorch's error on these and four other seeds.
-  // Its sums are products of matrices, not the reductions above.
-  const double dk_error = normwise(in32[1].grad(), in64[1].grad().value<double>());
-  INFO("dk: qkv's error " << dk_error << ", PyTorch's " << torch_error.at("dk").get<double>());
-  CHECK(dk_error <= 3 * torch_error.at("dk").get<double>());
 }
