@@ -8,8 +8,8 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "examples/cli/checkpoint.hpp"
-#include "examples/cli/snapshot.hpp"
+#include "qkv/training/checkpoint.hpp"
+#include "qkv/analysis/history.hpp"
 #include "fuzz/fixture.hpp"
 
 namespace {

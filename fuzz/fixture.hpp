@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "examples/cli/checkpoint.hpp"
-#include "examples/cli/train.hpp"
+#include "qkv/training/checkpoint.hpp"
+#include "qkv/training/train.hpp"
 #include "qkv/optim/adam.hpp"
 
 namespace qkv::fuzz {

@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "examples/cli/snapshot.hpp"
-#include "examples/cli/tasks/task.hpp"
+#include "qkv/analysis/history.hpp"
+#include "qkv/tasks/task.hpp"
 #include "fuzz/fixture.hpp"
 #include "qkv/nn/safetensors.hpp"
 

@@ -16,13 +16,13 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "examples/cli/ablate.hpp"
-#include "examples/cli/alignment.hpp"
-#include "examples/cli/experiment.hpp"
-#include "examples/cli/gradcheck_cases.hpp"
-#include "examples/cli/inspect.hpp"
-#include "examples/cli/snapshot.hpp"
-#include "examples/cli/train.hpp"
+#include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/alignment.hpp"
+#include "qkv/experiments/experiment.hpp"
+#include "qkv/nn/gradcheck_cases.hpp"
+#include "qkv/analysis/inspect.hpp"
+#include "qkv/analysis/history.hpp"
+#include "qkv/training/train.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/safetensors.hpp"

@@ -7,7 +7,7 @@
 
 #include "tests/helpers.hpp"  // Catch2, after xarray.hpp
 
-#include "examples/cli/train.hpp"
+#include "qkv/training/train.hpp"
 #include "qkv/nn/safetensors.hpp"
 
 namespace qkv::test {

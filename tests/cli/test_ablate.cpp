@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xview.hpp>
 
-#include "examples/cli/ablate.hpp"
-#include "examples/cli/inspect.hpp"
-#include "examples/cli/tasks/tasks.hpp"
+#include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/inspect.hpp"
+#include "qkv/tasks/builtin.hpp"
 #include "tests/cli/short_run.hpp"
 
 using namespace qkv;

@@ -5,9 +5,9 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xview.hpp>
 
-#include "examples/cli/alignment.hpp"
-#include "examples/cli/tasks/tasks.hpp"
-#include "examples/cli/train.hpp"
+#include "qkv/analysis/alignment.hpp"
+#include "qkv/tasks/builtin.hpp"
+#include "qkv/training/train.hpp"
 #include "qkv/core/autograd.hpp"
 #include "tests/cli/short_run.hpp"
 

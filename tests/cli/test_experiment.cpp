@@ -8,10 +8,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "examples/cli/experiment.hpp"
-#include "examples/cli/charts.hpp"
-#include "examples/cli/heatmap.hpp"  // escape_xml
-#include "examples/cli/tasks/tasks.hpp"
+#include "qkv/experiments/experiment.hpp"
+#include "qkv/report/charts.hpp"
+#include "qkv/report/heatmap.hpp"  // escape_xml
+#include "qkv/tasks/builtin.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/nn/files.hpp"
 #include "tests/cli/short_run.hpp"

@@ -8,8 +8,8 @@
 #include <map>
 #include <set>
 
-#include "examples/cli/checkpoint.hpp"
-#include "examples/cli/snapshot.hpp"
+#include "qkv/training/checkpoint.hpp"
+#include "qkv/analysis/history.hpp"
 #include "fuzz/fixture.hpp"
 
 using namespace qkv;

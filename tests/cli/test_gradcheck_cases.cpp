@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "examples/cli/gradcheck_cases.hpp"
+#include "qkv/nn/gradcheck_cases.hpp"
 
 using qkv::cli::gradcheck_cases;
 

@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <xtensor-blas/xlinalg.hpp>
 
-#include "examples/cli/heatmap.hpp"
-#include "examples/cli/inspect.hpp"
-#include "examples/cli/snapshot.hpp"
-#include "examples/cli/tasks/tasks.hpp"
+#include "qkv/report/heatmap.hpp"
+#include "qkv/analysis/inspect.hpp"
+#include "qkv/analysis/history.hpp"
+#include "qkv/tasks/builtin.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/optim/adam.hpp"
 #include "tests/cli/short_run.hpp"

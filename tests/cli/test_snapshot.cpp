@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "examples/cli/inspect.hpp"
-#include "examples/cli/snapshot.hpp"
+#include "qkv/analysis/inspect.hpp"
+#include "qkv/analysis/history.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/files.hpp"
 #include "tests/cli/short_run.hpp"

@@ -3,8 +3,8 @@
 #include <map>
 #include <set>
 
-#include "examples/cli/tasks/tasks.hpp"
-#include "examples/cli/train.hpp"
+#include "qkv/tasks/builtin.hpp"
+#include "qkv/training/train.hpp"
 #include "tests/cli/short_run.hpp"
 
 using namespace qkv;

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "examples/cli/train.hpp"
-#include "examples/cli/checkpoint.hpp"
+#include "qkv/training/train.hpp"
+#include "qkv/training/checkpoint.hpp"
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "tests/cli/short_run.hpp"

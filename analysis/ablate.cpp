@@ -1,0 +1,246 @@
+#include "qkv/analysis/ablate.hpp"
+
+#include <ostream>
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <nlohmann/json.hpp>
+#include <xtensor/xview.hpp>
+
+#include "qkv/training/train.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
+
+namespace qkv::cli {
+
+namespace {
+
+std::string z_point(std::size_t layer) { return fmt::format("blocks.{}.attn.hook_z", layer); }
+
+bool is_z_point(const std::string& name) { return name.ends_with(".attn.hook_z"); }
+
+// Accuracy and loss summed over batches.
+struct Tally {
+  MetricsSum metrics;
+  double loss_sum = 0;
+  std::size_t scored = 0;
+
+  void add(const nn::Transformer& model, const nn::TransformerOutput& out, const Batch& batch) {
+    const Metrics m = score(nn::Transformer::predictions(out.logits), batch);
+    if (m.scored > 0) loss_sum += model.loss(out, batch.targets).item() * double(m.scored);
+    scored += m.scored;
+    metrics.add(m);
+  }
+  AblationScore result() const { return {metrics.result().accuracy, scored ? loss_sum / double(scored) : 0}; }
+};
+
+// Which of hook_z's heads (B, T, H, d_v) a hook keeps, and which it replaces: (1, 1, H, 1) masks.
+struct HeadMask {
+  Tensor keep, drop;
+};
+
+HeadMask head_mask(std::size_t n_heads, std::size_t h, DType dtype) {
+  Array<double> keep = xt::ones<double>({std::size_t(1), std::size_t(1), n_heads, std::size_t(1)});
+  keep(0, 0, h, 0) = 0;
+  return {Tensor(keep).to(dtype), Tensor(Array<double>(1.0 - keep)).to(dtype)};
+}
+
+// A hook on hook_z that puts `fill` (broadcast to it; undefined: zeros) in place of the masked head.
+nn::ForwardHook replace_head(const HeadMask& m, Tensor fill) {
+  return [m, fill](const Tensor& z, const std::string&) { return fill.defined() ? z * m.keep + fill * m.drop : z * m.keep; };
+}
+
+}  // namespace
+
+std::vector<Array<double>> mean_head_outputs(nn::Transformer& model, const Task& task, std::size_t batches,
+                                             std::size_t batch_size, std::uint64_t seed, bool mask_padding) {
+  NoGradGuard no_grad;
+  const nn::TransformerConfig& config = model.config();
+  const std::size_t L = model.blocks.size(), H = config.heads, dv = model.blocks[0]->attn.W_v(0).size(1);
+  const auto pad = task.info().pad;
+  std::vector<Array<double>> mean(L, Array<double>(xt::zeros<double>({config.max_len, H, dv})));
+  std::vector<double> count(config.max_len, 0);
+  Generator gen = held_out_generator(seed);
+  for (std::size_t i = 0; i < batches; ++i) {
+    const Batch b = task.sample(batch_size, gen);
+    const nn::ActivationCache cache = model.run_with_cache(b.tokens, is_z_point, key_padding(model, task, b.tokens, mask_padding));
+    for (std::size_t r = 0; r < b.tokens.shape()[0]; ++r)
+      for (std::size_t t = 0; t < b.tokens.shape()[1]; ++t) count[t] += !(pad && b.tokens(r, t) == *pad);
+    for (std::size_t l = 0; l < L; ++l) {
+      const Tensor z = cache[z_point(l)].to(DType::float64);
+      const Array<double>& zv = z.value<double>();
+      for (std::size_t r = 0; r < zv.shape()[0]; ++r)
+        for (std::size_t t = 0; t < zv.shape()[1]; ++t)
+          if (!(pad && b.tokens(r, t) == *pad)) xt::view(mean[l], t) += xt::view(zv, r, t);
+    }
+  }
+  for (std::size_t l = 0; l < L; ++l)
+    for (std::size_t t = 0; t < config.max_len; ++t)
+      if (count[t] > 0) xt::view(mean[l], t) /= count[t];
+  return mean;
+}
+
+Ablation ablate(nn::Transformer& model, const Task& task, const std::optional<Corruption>& corruption, std::size_t batches,
+                std::size_t batch_size, std::uint64_t seed, bool mask_padding) {
+  NoGradGuard no_grad;
+  const std::size_t L = model.blocks.size(), H = model.config().heads, dv = model.blocks[0]->attn.W_v(0).size(1);
+  const DType dtype = model.tok.weight.dtype();
+  // A pointer model reads its last layer's head-0 scores, not any of that layer's outputs.
+  const auto read = [&](std::size_t l) { return model.config().readout != nn::Readout::pointer || l + 1 < L; };
+  const std::vector<Array<double>> mean = mean_head_outputs(model, task, batches, batch_size, seed, mask_padding);
+  std::vector<HeadMask> masks;  // made once, for every batch
+  for (std::size_t h = 0; h < H; ++h) masks.push_back(head_mask(H, h, dtype));
+
+  Tally clean, corrupted;
+  std::vector<Tally> zero(L * H), mean_ablated(L * H), noised(L * H), denoised(L * H);
+  Generator gen = held_out_generator(seed);  // the sequences of the means
+  Generator corrupt_gen(held_out_generator(seed).next_u64());
+  for (std::size_t i = 0; i < batches; ++i) {
+    const Batch b = task.sample(batch_size, gen);
+    const std::size_t T = b.tokens.shape()[1];
+    const MaskArray padding = key_padding(model, task, b.tokens, mask_padding);
+    clean.add(model, model.forward(b.tokens, false, padding), b);  // as evaluate
+    std::optional<nn::ActivationCache> clean_cache, corrupt_cache;
+    IndexArray corrupt_tokens;
+    MaskArray corrupt_padding;
+    if (corruption) {
+      corrupt_tokens = corruption->make(task, b, corrupt_gen);
+      corrupt_padding = key_padding(model, task, corrupt_tokens, mask_padding);
+      clean_cache = model.run_with_cache(b.tokens, is_z_point, padding);
+      corrupt_cache = model.run_with_cache(corrupt_tokens, is_z_point, corrupt_padding);
+      corrupted.add(model, corrupt_cache->output, b);
+    }
+    for (std::size_t l = 0; l < L; ++l) {
+      if (!read(l)) continue;
+      Array<double> mean_here = xt::view(mean[l], xt::range(0, T));
+      mean_here.reshape({1, T, H, dv});
+      const Tensor mean_z = Tensor(std::move(mean_here)).to(dtype);
+      for (std::size_t h = 0; h < H; ++h) {
+        const std::size_t at = l * H + h;
+        const auto run = [&](const IndexArray& tokens, const MaskArray& mask, const Tensor& fill, Tally& into) {
+          into.add(model, model.run_with_hooks(tokens, {{z_point(l), replace_head(masks[h], fill)}}, false, mask), b);
+        };
+        run(b.tokens, padding, Tensor(), zero[at]);
+        run(b.tokens, padding, mean_z, mean_ablated[at]);
+        if (corruption) {
+          run(b.tokens, padding, (*corrupt_cache)[z_point(l)], noised[at]);
+          run(corrupt_tokens, corrupt_padding, (*clean_cache)[z_point(l)], denoised[at]);
+        }
+      }
+    }
+  }
+
+  Ablation a;
+  a.task = task.info().name;
+  a.sequences = batches * batch_size;
+  a.seed = seed;
+  a.clean = clean.result();
+  if (corruption) {
+    a.corruption = corruption->description;
+    a.corrupted = corrupted.result();
+  }
+  const double gap = a.corrupted ? a.corrupted->loss - a.clean.loss : 0;
+  for (std::size_t l = 0; l < L; ++l)
+    for (std::size_t h = 0; h < H; ++h) {
+      const std::size_t at = l * H + h;
+      HeadAblation head;
+      head.layer = l, head.head = h, head.read = read(l);
+      if (head.read) {
+        head.zero = zero[at].result(), head.mean = mean_ablated[at].result();
+        head.needed = head.zero.accuracy < a.clean.accuracy / 2 && head.mean.accuracy < a.clean.accuracy / 2;
+        if (corruption) {
+          head.noised = noised[at].result(), head.denoised = denoised[at].result();
+          if (gap > 0) {
+            head.noising_share = (head.noised->loss - a.clean.loss) / gap;
+            head.denoising_share = (a.corrupted->loss - head.denoised->loss) / gap;
+          }
+        }
+      }
+      a.heads.push_back(head);
+    }
+  return a;
+}
+
+namespace {
+
+std::string head_name(const HeadAblation& h) { return fmt::format("L{}H{}", h.layer, h.head); }
+
+nlohmann::json score_json(const AblationScore& s) { return {{"accuracy", s.accuracy}, {"loss", s.loss}}; }
+
+template <class T, class F>
+nlohmann::json optional_json(const std::optional<T>& v, F&& to) {
+  return v ? nlohmann::json(to(*v)) : nlohmann::json();
+}
+
+std::vector<std::string> needed_heads(const Ablation& a) {
+  std::vector<std::string> names;
+  for (const HeadAblation& h : a.heads)
+    if (h.needed) names.push_back(head_name(h));
+  return names;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const Ablation& a) {
+  nlohmann::json heads = nlohmann::json::array();
+  const auto share = [](double v) { return v; };
+  for (const HeadAblation& h : a.heads) {
+    nlohmann::json j = {{"layer", h.layer}, {"head", h.head}, {"name", head_name(h)}, {"read", h.read}};
+    if (h.read)
+      j.update({{"zero", score_json(h.zero)}, {"mean", score_json(h.mean)}, {"noised", optional_json(h.noised, score_json)},
+                {"denoised", optional_json(h.denoised, score_json)}, {"noising_share", optional_json(h.noising_share, share)},
+                {"denoising_share", optional_json(h.denoising_share, share)}, {"needed", h.needed}});
+    heads.push_back(std::move(j));
+  }
+  return {{"task", a.task},
+          {"dir", a.dir},
+          {"sequences", a.sequences},
+          {"seed", a.seed},
+          {"clean", score_json(a.clean)},
+          {"corruption", a.corruption.empty() ? nlohmann::json() : nlohmann::json(a.corruption)},
+          {"corrupted", optional_json(a.corrupted, score_json)},
+          {"heads", heads},
+          {"needed", needed_heads(a)}};
+}
+
+void print_ablation(std::ostream& out, const Ablation& a) {
+  const auto pct = [](double v) { return fmt::format("{:.1f}%", 100 * v); };
+  const auto opt_pct = [&](const std::optional<double>& v) { return v ? pct(*v) : std::string("-"); };
+  fmt::print(out, "{}: {} held-out sequences of {} (seed {})\n", a.dir.empty() ? a.task : a.dir, a.sequences, a.task,
+             a.seed);
+  fmt::print(out, "clean:      accuracy {:>6}  loss {:.4f}\n", pct(a.clean.accuracy), a.clean.loss);
+  if (a.corrupted)
+    fmt::print(out, "corrupted:  accuracy {:>6}  loss {:.4f}  ({}; scored on the clean answers)\n",
+               pct(a.corrupted->accuracy), a.corrupted->loss, a.corruption);
+  fmt::print(out, "\n{:<6}{:^17}{:^17}", "", "zero-ablated", "mean-ablated");
+  if (a.corrupted) fmt::print(out, "{:^26}{:^26}", "noised: from corrupted", "denoised: from clean");
+  fmt::print(out, "\n{:<6}{:>9}{:>8}{:>9}{:>8}", "head", "accuracy", "loss", "accuracy", "loss");
+  if (a.corrupted) fmt::print(out, "{:>9}{:>8}{:>9}{:>9}{:>8}{:>9}", "accuracy", "loss", "of gap", "accuracy", "loss", "of gap");
+  fmt::print(out, "\n");
+  bool unread = false;
+  for (const HeadAblation& h : a.heads) {
+    if (!h.read) {
+      fmt::print(out, "{:<6}  not read: the readout is this layer's head-0 scores\n", head_name(h));
+      unread = true;
+      continue;
+    }
+    fmt::print(out, "{:<6}{:>9}{:>8.4f}{:>9}{:>8.4f}", head_name(h), pct(h.zero.accuracy), h.zero.loss, pct(h.mean.accuracy),
+               h.mean.loss);
+    if (h.noised)
+      fmt::print(out, "{:>9}{:>8.4f}{:>9}{:>9}{:>8.4f}{:>9}", pct(h.noised->accuracy), h.noised->loss, opt_pct(h.noising_share),
+                 pct(h.denoised->accuracy), h.denoised->loss, opt_pct(h.denoising_share));
+    fmt::print(out, "{}\n", h.needed ? "  needed" : "");
+  }
+  const auto needed = needed_heads(a);
+  fmt::print(out, "\n{}: zero- and mean-ablated, accuracy below half the clean accuracy.\n",
+             needed.empty() ? "No head is needed alone" : fmt::format("The task needs {}", fmt::join(needed, ", ")));
+  if (unread)
+    fmt::print(out, "A pointer model's answer is its last layer's head-0 scores, made before that layer's heads output "
+                    "anything: ablating them changes nothing.\n");
+  if (a.corrupted)
+    fmt::print(out, "Noised: the clean run with the head's output from the corrupted input, \"of gap\" the share of the "
+                    "corrupted input's extra loss it brings; denoised: the corrupted run with the head's output from the "
+                    "clean input, \"of gap\" the share of that loss it takes back.\n");
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,139 @@
+#pragma once
+// `qkv inspect DIR`: what each head of a trained model learned. Per head: the projections, the
+// QK circuit A = W_q W_kᵀ (its symmetric share σ, antisymmetry, spectrum), the OV circuit, and
+// tables of the scores between tokens and between positions; on one input, the attention
+// pattern and the asymmetry of its scores. Printed as tables and heatmaps, as JSON, or as a
+// self-contained HTML page of SVG heatmaps.
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "qkv/tasks/task.hpp"
+#include "qkv/nn/transformer.hpp"
+#include "qkv/nn/circuits.hpp"
+
+namespace qkv::cli {
+
+struct HeadInspection {
+  std::size_t layer = 0, head = 0;
+  // W_q(h), W_k(h), W_v(h), W_o(h): shapes and Frobenius norms.
+  std::vector<Shape> shapes;
+  std::vector<double> norms;
+  Array<double> qk;  // A = W_q(h) W_k(h)ᵀ
+  double sigma = 0, antisymmetry = 0;
+  nn::MatrixSpectrum qk_spectrum;
+  Array<double> ov;  // W_v(h) W_o(h)
+  nn::MatrixSpectrum ov_spectrum;
+  // The scores this head gives when the stream holds only one token's embedding (rows: query
+  // token, columns: key token), and only one position's embedding, each after the layer's
+  // LayerNorm, biases included, scaled: the direct path from the embeddings.
+  Array<double> token_qk, position_qk;
+  // On the input: weights and pre-softmax scores (−inf where masked), (T, T).
+  Array<double> attention, scores;
+  // The input's score asymmetry that softmax can see (nn::softmax_invariant_asymmetry); none under
+  // a causal mask, where no two positions see each other both ways.
+  std::optional<double> score_asymmetry;
+  // Pointer tasks: the mean weight a scored query puts on its target (brackets: a closer on its
+  // opener); none when the input is not one the task would generate.
+  std::optional<double> target_attention;
+};
+
+// How much an earlier head's output (its OV circuit) feeds a later head's queries, keys or values:
+// nn::composition_score's Q-, K- and V-composition (Elhage et al. 2021).
+struct HeadComposition {
+  std::size_t from_layer = 0, from_head = 0, to_layer = 0, to_head = 0;
+  double q = 0, k = 0, v = 0;
+};
+
+// A run's training, from its folder: metrics.jsonl (every logging step) and snapshots.jsonl
+// (`train --snapshot-every`; see snapshot.hpp).
+struct TrainingHistory {
+  struct Logged {
+    std::size_t step = 0;
+    double loss = 0, accuracy = 0;  // on the training batches, means over the logging window
+  };
+  struct Snapshot {
+    std::size_t step = 0;
+    double accuracy = 0;  // held out
+    std::vector<std::int64_t> input;
+    std::vector<std::vector<double>> sigma;                           // [layer][head]
+    std::vector<std::vector<std::optional<double>>> score_asymmetry;  // [layer][head]
+    std::vector<std::vector<Array<double>>> attention;                // [layer][head] (T, T), NaN where masked
+    std::vector<HeadComposition> composition;
+    std::vector<std::pair<std::string, double>> probes;
+  };
+  std::vector<Logged> logged;
+  std::vector<Snapshot> snapshots;
+};
+
+struct Inspection {
+  std::string task, dir;
+  nn::TransformerConfig config;
+  std::vector<std::string> vocabulary;  // token names, by id
+  std::vector<std::int64_t> input;      // token ids
+  std::vector<std::string> input_names;
+  std::string target_name;  // pointer tasks: what a target is called ("opener"); "" otherwise
+  std::vector<std::vector<HeadInspection>> layers;
+  // Every head of each layer into every head of each later layer, writer by writer.
+  std::vector<HeadComposition> composition;
+  TrainingHistory history;  // empty unless the caller reads it (read_history)
+};
+
+// Head h's matrix of a (1, H, ·, ·) tensor (attention weights or scores), in float64.
+Array<double> head_matrix(const Tensor& t, std::size_t h);
+// Attention weights as the pictures draw them: NaN where the scores (−inf) mask a key.
+Array<double> masked_weights(const Array<double>& weights, const Array<double>& scores);
+// A matrix as rows of numbers, null where not finite (masked).
+nlohmann::json matrix_json(const Array<double>& a);
+// A self-contained HTML page's beginning, up to and with <body>: its title and style.
+std::string page_start(const std::string& title);
+
+// The charts of a run's training, by file name: "training", the loss and accuracy of
+// metrics.jsonl (and held out, of snapshots.jsonl), and with snapshots "training-heads", each
+// head's σ and score asymmetry, the composition and the probes along training. None for no history.
+std::vector<std::pair<std::string, std::string>> training_charts(const TrainingHistory& history);
+// The page's section of them, with what they show; "" for no history.
+std::string training_html(const TrainingHistory& history);
+
+// A typical sequence of the task: the first of a fixed stream at least 3/4 of the longest length.
+std::vector<std::int64_t> typical_input(const Task& task);
+
+// nn::softmax_invariant_asymmetry per layer and head of the pre-softmax scores the model gives
+// `input` (one sequence, no padding) under its mask; none for a causal model.
+std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
+                                                                  const std::vector<std::int64_t>& input);
+
+// The scores a layer's heads give when the stream holds only the rows of `table` (N, d_model),
+// after the layer's LayerNorm, biases included, scaled, no mask: (1, H, N, N). With the token
+// embeddings it is the token table (query token × key token); with the positions, the position table.
+Tensor table_scores(const nn::TransformerBlock& block, const Tensor& table);
+
+// Everything `qkv inspect` shows, for `input` (token ids; at most the model's max_len).
+Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input,
+                   const std::string& dir = "");
+
+// The numbers as JSON: {task, config, layers: [{heads: [{sigma, antisymmetry, singular_values,
+// stable_rank, rank, eigenvalues ([re, im] pairs), token_qk: {tokens, scores}, ...}]}],
+// input: {tokens, attention, scores, score_asymmetry, TARGET_attention (pointer tasks: opener_attention)},
+// composition: [{from: "L0H1", to: "L1H0", from_layer, from_head, to_layer, to_head, q, k, v}]}.
+nlohmann::json to_json(const Inspection& inspection);
+
+// Tables and heatmaps of shaded blocks, in colour when `color`.
+void print_report(std::ostream& out, const Inspection& inspection, bool color);
+
+// One self-contained HTML page: the numbers, a legend, the training when the history has it, and
+// every head's pictures, one head at a time, chosen by a link a head ("L1H0"): SVG heatmaps with
+// axis labels and colour scales, whose cells (packed, heatmap_svg's Cells::packed) the page's
+// script draws when the head is shown; no fetch.
+std::string to_html(const Inspection& inspection);
+
+// Each picture of the page as its own SVG file in `dir`: L{l}H{h}-{attention,token-qk,
+// position-qk,qk-circuit}.svg, and with a training history training.svg, training-heads.svg and
+// L{l}H{h}-step-{step}.svg (each head's attention at a few snapshots). Returns the files written.
+std::vector<std::string> write_svgs(const Inspection& inspection, const std::string& dir);
+
+}  // namespace qkv::cli

@@ -1,8 +1,0 @@
-// `line`: an acyclic relation, v → v + 1 (RelationTask), which a symmetric score can rank.
-#include "examples/cli/tasks/tasks.hpp"
-
-namespace qkv::cli {
-
-TaskSpec line_task() { return RelationTask::spec(false); }
-
-}  // namespace qkv::cli

@@ -1,9 +1,0 @@
-#include "examples/cli/tasks/tasks.hpp"
-
-namespace qkv::cli {
-
-TaskSpec sort_task() {
-  return seq2seq_spec("sort", [] { return std::make_unique<NumbersTask>(NumbersTask::Order::sorted, 32, 3, 12); }, 1, 3000);
-}
-
-}  // namespace qkv::cli

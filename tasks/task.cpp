@@ -1,0 +1,151 @@
+#include "qkv/tasks/task.hpp"
+
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "qkv/tasks/find_spec.hpp"
+#include "qkv/training/train.hpp"
+
+
+namespace qkv::cli {
+
+IndexArray filled(std::size_t rows, std::size_t cols, std::int64_t value) {
+  IndexArray a = IndexArray::from_shape({rows, cols});
+  a.fill(value);
+  return a;
+}
+
+IndexArray one_row(const std::vector<std::int64_t>& tokens) {
+  IndexArray row = IndexArray::from_shape({1, tokens.size()});
+  std::copy(tokens.begin(), tokens.end(), row.begin());
+  return row;
+}
+
+std::string numbers_text(const std::vector<std::int64_t>& tokens) {
+  std::string text;
+  for (std::int64_t t : tokens) {
+    if (!text.empty()) text += ' ';
+    text += std::to_string(t);
+  }
+  return text;
+}
+
+std::vector<std::int64_t> parse_numbers(const std::string& text, std::size_t n, const std::string& task) {
+  std::vector<std::int64_t> tokens;
+  std::istringstream words(text);
+  for (std::string w; words >> w;) {
+    const auto v = parse_count(w);
+    if (!v || *v >= n) fail(task, "cannot read '{}' in \"{}\": tokens are numbers 0-{}", w, text, n - 1);
+    tokens.push_back(std::int64_t(*v));
+  }
+  return tokens;
+}
+
+Metrics score(const IndexArray& predictions, const Batch& batch) {
+  if (predictions.shape() != batch.targets.shape())
+    fail("score", "predictions of shape {} for targets of shape {}", to_string(to_shape(predictions.shape())),
+         to_string(to_shape(batch.targets.shape())));
+  const std::size_t B = batch.targets.shape()[0], T = batch.targets.shape()[1];
+  std::size_t correct = 0, sequences = 0, exact = 0;
+  Metrics m;
+  for (std::size_t b = 0; b < B; ++b) {
+    std::size_t scored = 0, right = 0;
+    for (std::size_t t = 0; t < T; ++t) {
+      if (batch.targets(b, t) == ignore_target) continue;
+      ++scored;
+      right += predictions(b, t) == batch.targets(b, t);
+    }
+    m.scored += scored;
+    correct += right;
+    if (scored > 0) {
+      ++sequences;
+      exact += right == scored;
+    }
+  }
+  m.accuracy = m.scored ? double(correct) / double(m.scored) : 0;
+  m.exact_match = sequences ? double(exact) / double(sequences) : 0;
+  m.sequences = sequences;
+  return m;
+}
+
+void MetricsSum::add(const Metrics& m) {
+  correct_ += m.accuracy * double(m.scored);
+  exact_ += m.exact_match * double(m.sequences);
+  scored_ += m.scored;
+  sequences_ += m.sequences;
+}
+
+Metrics MetricsSum::result() const {
+  return {.accuracy = scored_ ? correct_ / double(scored_) : 0,
+          .exact_match = sequences_ ? exact_ / double(sequences_) : 0,
+          .scored = scored_,
+          .sequences = sequences_};
+}
+
+Batch Seq2SeqTask::sample(std::size_t batch_size, Generator& gen) const {
+  std::vector<Seq2SeqExample> examples;
+  for (std::size_t b = 0; b < batch_size; ++b) examples.push_back(draw(gen));
+  return batch(examples);
+}
+
+Batch Seq2SeqTask::batch(const std::vector<Seq2SeqExample>& examples) const {
+  const Seq2SeqInfo& s = sides();
+  std::size_t S = 0, T = 0;
+  for (const Seq2SeqExample& e : examples) {
+    if (e.source.size() > s.max_source_len || e.output.size() + 1 > info().max_len)
+      fail(info().name, "an example of {} source and {} output tokens, beyond the task's {} and {}", e.source.size(),
+           e.output.size(), s.max_source_len, info().max_len - 1);
+    S = std::max(S, e.source.size());
+    T = std::max(T, e.output.size() + 1);
+  }
+  const std::size_t B = examples.size();
+  Batch batch{filled(B, T, s.end), filled(B, T, ignore_target), filled(B, S, s.source_pad)};
+  for (std::size_t b = 0; b < B; ++b) {
+    const Seq2SeqExample& e = examples[b];
+    std::copy(e.source.begin(), e.source.end(), batch.source.data() + b * S);
+    batch.tokens(b, 0) = s.start;
+    for (std::size_t t = 0; t < e.output.size(); ++t) {
+      batch.targets(b, t) = e.output[t];
+      batch.tokens(b, t + 1) = e.output[t];
+    }
+    batch.targets(b, e.output.size()) = s.end;
+  }
+  return batch;
+}
+
+TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> make, std::size_t encoder_layers,
+                      std::size_t steps) {
+  return {.name = std::move(name),
+          .make = [make = std::move(make)](std::size_t) { return make(); },
+          .defaults =
+              [=](TrainOptions& o) {
+                o.encoder_layers = encoder_layers;
+                o.model.layers = 1;
+                o.model.heads = 2;
+                o.model.d_model = 64;
+                o.steps = steps;
+              },
+          .target = 0.99};
+}
+
+const Seq2SeqTask* as_seq2seq(const Task& task) { return dynamic_cast<const Seq2SeqTask*>(&task); }
+
+std::vector<std::string> task_names() { return names_of(task_registry()); }
+
+const TaskSpec& task_spec(const std::string& name) { return find_spec(task_registry(), name, "task"); }
+
+std::size_t task_size(const std::string& name, std::size_t n) {
+  const TaskSpec& spec = task_spec(name);
+  if (n == 0) return spec.default_size;
+  if (spec.sizes.empty()) fail(name, "the {} task takes no size (n), got {}", name, n);
+  if (std::find(spec.sizes.begin(), spec.sizes.end(), n) == spec.sizes.end())
+    fail(name, "n must be one of {}, not {}", fmt::join(spec.sizes, ", "), n);
+  return n;
+}
+
+std::unique_ptr<Task> make_task(const std::string& name, std::size_t n) {
+  return task_spec(name).make(task_size(name, n));
+}
+
+}  // namespace qkv::cli

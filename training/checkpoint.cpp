@@ -1,0 +1,66 @@
+#include "qkv/training/checkpoint.hpp"
+
+#include <algorithm>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "qkv/core/shape.hpp"
+
+namespace qkv::cli {
+
+void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
+                     const CheckpointState& state) {
+  const auto& r = state.rng;
+  nn::save_checkpoint(dir, model, optimizer.state_dict(),
+                      {.step = state.step, .metadata = {{"rng", fmt::format("{} {} {} {}", r[0], r[1], r[2], r[3])}}});
+}
+
+CheckpointState restore_checkpoint(const nn::Checkpoint& c, nn::Module& model, optim::Optimizer& optimizer,
+                                   const CheckpointCheck& check) {
+  const std::string model_file = c.folder + "/model.safetensors", optimizer_file = c.folder + "/optimizer.safetensors";
+  CheckpointState state;
+  state.step = c.info.step;
+  if (state.step > check.max_step)
+    throw std::runtime_error(
+        fmt::format("{}: step {} is past the run's {} steps", model_file, state.step, check.max_step));
+  const auto rng_text = c.info.metadata.find("rng");
+  if (rng_text == c.info.metadata.end())
+    throw std::runtime_error(fmt::format("{}: no 'rng' in its metadata", optimizer_file));
+  // Four unsigned 64-bit words, not all zero (xoshiro256**'s one invalid state), and nothing else.
+  std::istringstream rng(rng_text->second);
+  std::vector<std::string> words{std::istream_iterator<std::string>(rng), std::istream_iterator<std::string>()};
+  const auto bad_rng = [&](const std::string& why) {
+    return std::runtime_error(fmt::format("{}: 'rng' = \"{}\" {}", optimizer_file, rng_text->second, why));
+  };
+  if (words.size() != state.rng.size()) throw bad_rng(fmt::format("is {} words, not 4 numbers", words.size()));
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    const auto word = parse_count(words[i]);
+    if (!word) throw bad_rng(fmt::format("holds '{}', not an unsigned 64-bit number", words[i]));
+    state.rng[i] = *word;
+  }
+  if (state.rng == Generator::State{}) throw bad_rng("is all zeros, which no generator reaches");
+  nn::load_weights(c, model);
+  try {
+    optimizer.load_state_dict(c.optimizer.tensors);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}: {}", optimizer_file, e.what()));
+  }
+  // Each parameter a step updates has state from step 1 on, counting the run's steps; no other has.
+  const StateDict saved = optimizer.state_dict();
+  for (std::size_t i = 0; i < check.updated.size(); ++i) {
+    const std::string key = fmt::format("{}.step", i);
+    const auto it = std::find_if(saved.begin(), saved.end(), [&](const auto& entry) { return entry.first == key; });
+    const double steps = it == saved.end() ? 0.0 : it->second.item();
+    const double expected = check.updated[i] && state.step > 0 ? double(state.step) : 0.0;
+    if (steps != expected)
+      throw std::runtime_error(fmt::format("{}: parameter {} has {} after {} steps of training, not {}", optimizer_file,
+                                           i, steps == 0 ? "no state" : fmt::format("the state of {} steps", steps),
+                                           state.step, expected == 0 ? "no state" : fmt::format("the state of {} steps", expected)));
+  }
+  return state;
+}
+
+}  // namespace qkv::cli
