@@ -11,12 +11,14 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "qkv/tasks/task.hpp"
 #include "qkv/nn/transformer.hpp"
+#include "qkv/tasks/registry.hpp"
 
-namespace qkv::cli {
+namespace qkv::analysis {
+
+using tasks::Corruption;
+using tasks::Task;
 
 struct AblationScore {
   double accuracy = 0;  // share of scored positions right
@@ -67,12 +69,5 @@ std::vector<Array<double>> mean_head_outputs(nn::Transformer& model, const Task&
 Ablation ablate(nn::Transformer& model, const Task& task, const std::optional<Corruption>& corruption, std::size_t batches,
                 std::size_t batch_size, std::uint64_t seed, bool mask_padding = true);
 
-// {task, dir, sequences, seed, clean: {accuracy, loss}, corruption, corrupted, heads: [{layer,
-// head, name, read, zero, mean, noised, denoised, noising_share, denoising_share, needed}],
-// needed: ["L0H1", …]}.
-nlohmann::json to_json(const Ablation& ablation);
 
-// A table, a head a row, and the heads the task needs.
-void print_ablation(std::ostream& out, const Ablation& ablation);
-
-}  // namespace qkv::cli
+}  // namespace qkv::analysis

@@ -18,7 +18,9 @@
 #include "qkv/tasks/task.hpp"
 #include "qkv/nn/seq2seq.hpp"
 
-namespace qkv::cli {
+namespace qkv::analysis {
+
+using tasks::Seq2SeqTask;
 
 // The mean, over the output tokens (the first alignment.size() rows of `weights`, (T, S)), of the
 // weight on their aligned source positions.
@@ -68,15 +70,5 @@ AlignmentInspection inspect_alignment(const nn::EncoderDecoder& model, const Seq
                                       const std::vector<std::int64_t>& source, const std::string& dir = "",
                                       std::size_t held_out = 256, std::uint64_t seed = 1);
 
-// {task, config, source: {tokens, names}, output: {tokens, names, written, expected}, alignment,
-// held_out_sequences, cross_attention: [{layer, head, weights, alignment_on_input,
-// alignment_held_out, top1_held_out, sigma}], any_head_top1 (per layer), encoder_attention, decoder_attention ([layer][head] matrices)}.
-nlohmann::json to_json(const AlignmentInspection& inspection);
-void print_report(std::ostream& out, const AlignmentInspection& inspection, bool color);
-// The page: the table, the training (training_html) and every picture.
-std::string to_html(const AlignmentInspection& inspection);
-// L{l}H{h}-cross-attention.svg, encoder-L{l}H{h}-attention.svg, decoder-L{l}H{h}-attention.svg, and
-// with a history training.svg.
-std::vector<std::string> write_svgs(const AlignmentInspection& inspection, const std::string& dir);
 
-}  // namespace qkv::cli
+}  // namespace qkv::analysis

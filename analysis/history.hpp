@@ -1,9 +1,8 @@
 #pragma once
-// What the heads look like along training. `qkv train --snapshot-every N` writes one JSON object a
-// line to OUT/snapshots.jsonl at step 0, at the log-spaced steps 10, 20, 30, 50, 100, … below N,
-// at every multiple of N and at the last step; `qkv inspect DIR --html` draws them.
+// A run's training, read back from its folder: metrics.jsonl (train's log) and snapshots.jsonl,
+// what the heads look like along training (report/snapshots.hpp writes them).
 //
-// A line: {step, accuracy (held-out: the final evaluation's sequences), input (the task's typical
+// A snapshot line: {step, accuracy (held-out: the final evaluation's sequences), input (the task's typical
 // input, token ids), layers: [{heads: [{sigma, antisymmetry, score_asymmetry, TARGET_attention
 // (pointer tasks), qk_circuit (d_model × d_model), attention (T × T on the input, null where
 // masked)}]}], composition: [{from, to, q, k, v}] (as qkv inspect --json), probes: {name: value}}.
@@ -15,31 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/analysis/inspect.hpp"
-#include "qkv/tasks/task.hpp"
-#include "qkv/training/train.hpp"
 
-namespace qkv::cli {
+namespace qkv::analysis {
 
 // How deep a snapshot's JSON nests: {layers: [{heads: [{qk_circuit: [[…]]}]}]}.
 inline constexpr int snapshot_max_depth = 7;
-
-// Whether `step` is 10, 20, 30, 50, 100, … : 1, 2, 3 or 5 times a power of ten, from 10 on.
-bool log_spaced(std::size_t step);
-
-// The snapshots of a run with these options.
-class Snapshots {
- public:
-  Snapshots(const TrainOptions& options, const Task& task);
-  // Whether a snapshot is taken after `step` steps.
-  bool due(std::size_t step) const;
-  // The snapshot of `model` after `step` steps: one line of snapshots.jsonl.
-  nlohmann::json take(std::size_t step, const nn::Transformer& model) const;
-
- private:
-  const TrainOptions& options_;
-  const Task& task_;
-  std::vector<std::int64_t> input_;
-};
 
 // The snapshots.jsonl and metrics.jsonl of a run folder, one object per line; a last line cut
 // short (a kill while it was written) is left out, any other line that is not a JSON object throws
@@ -59,4 +38,4 @@ TrainingHistory read_history(const std::string& dir, const nn::TransformerConfig
 TrainingHistory parse_history(std::string_view metrics, std::string_view snapshots, const nn::TransformerConfig& model,
                               const std::string& dir);
 
-}  // namespace qkv::cli
+}  // namespace qkv::analysis

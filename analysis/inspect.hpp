@@ -2,21 +2,20 @@
 // `qkv inspect DIR`: what each head of a trained model learned. Per head: the projections, the
 // QK circuit A = W_q W_kᵀ (its symmetric share σ, antisymmetry, spectrum), the OV circuit, and
 // tables of the scores between tokens and between positions; on one input, the attention
-// pattern and the asymmetry of its scores. Printed as tables and heatmaps, as JSON, or as a
-// self-contained HTML page of SVG heatmaps.
+// pattern and the asymmetry of its scores. report/inspect.hpp renders it.
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "qkv/tasks/task.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/nn/circuits.hpp"
 
-namespace qkv::cli {
+namespace qkv::analysis {
+
+using tasks::Task;
 
 struct HeadInspection {
   std::size_t layer = 0, head = 0;
@@ -87,17 +86,7 @@ struct Inspection {
 Array<double> head_matrix(const Tensor& t, std::size_t h);
 // Attention weights as the pictures draw them: NaN where the scores (−inf) mask a key.
 Array<double> masked_weights(const Array<double>& weights, const Array<double>& scores);
-// A matrix as rows of numbers, null where not finite (masked).
-nlohmann::json matrix_json(const Array<double>& a);
-// A self-contained HTML page's beginning, up to and with <body>: its title and style.
-std::string page_start(const std::string& title);
 
-// The charts of a run's training, by file name: "training", the loss and accuracy of
-// metrics.jsonl (and held out, of snapshots.jsonl), and with snapshots "training-heads", each
-// head's σ and score asymmetry, the composition and the probes along training. None for no history.
-std::vector<std::pair<std::string, std::string>> training_charts(const TrainingHistory& history);
-// The page's section of them, with what they show; "" for no history.
-std::string training_html(const TrainingHistory& history);
 
 // A typical sequence of the task: the first of a fixed stream at least 3/4 of the longest length.
 std::vector<std::int64_t> typical_input(const Task& task);
@@ -107,33 +96,9 @@ std::vector<std::int64_t> typical_input(const Task& task);
 std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
                                                                   const std::vector<std::int64_t>& input);
 
-// The scores a layer's heads give when the stream holds only the rows of `table` (N, d_model),
-// after the layer's LayerNorm, biases included, scaled, no mask: (1, H, N, N). With the token
-// embeddings it is the token table (query token × key token); with the positions, the position table.
-Tensor table_scores(const nn::TransformerBlock& block, const Tensor& table);
-
 // Everything `qkv inspect` shows, for `input` (token ids; at most the model's max_len).
 Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input,
                    const std::string& dir = "");
 
-// The numbers as JSON: {task, config, layers: [{heads: [{sigma, antisymmetry, singular_values,
-// stable_rank, rank, eigenvalues ([re, im] pairs), token_qk: {tokens, scores}, ...}]}],
-// input: {tokens, attention, scores, score_asymmetry, TARGET_attention (pointer tasks: opener_attention)},
-// composition: [{from: "L0H1", to: "L1H0", from_layer, from_head, to_layer, to_head, q, k, v}]}.
-nlohmann::json to_json(const Inspection& inspection);
 
-// Tables and heatmaps of shaded blocks, in colour when `color`.
-void print_report(std::ostream& out, const Inspection& inspection, bool color);
-
-// One self-contained HTML page: the numbers, a legend, the training when the history has it, and
-// every head's pictures, one head at a time, chosen by a link a head ("L1H0"): SVG heatmaps with
-// axis labels and colour scales, whose cells (packed, heatmap_svg's Cells::packed) the page's
-// script draws when the head is shown; no fetch.
-std::string to_html(const Inspection& inspection);
-
-// Each picture of the page as its own SVG file in `dir`: L{l}H{h}-{attention,token-qk,
-// position-qk,qk-circuit}.svg, and with a training history training.svg, training-heads.svg and
-// L{l}H{h}-step-{step}.svg (each head's attention at a few snapshots). Returns the files written.
-std::vector<std::string> write_svgs(const Inspection& inspection, const std::string& dir);
-
-}  // namespace qkv::cli
+}  // namespace qkv::analysis

@@ -2,7 +2,10 @@
 // learned or frozen.
 #include "qkv/experiments/experiment.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace tasks;
+using namespace training;
 
 ExperimentSpec ablations_experiment() {
   return {.name = "ablations",
@@ -22,4 +25,4 @@ ExperimentSpec ablations_experiment() {
           }};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

@@ -1,7 +1,10 @@
 // Brackets with the causal mask and without it, tied and untied.
 #include "qkv/experiments/experiment.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace tasks;
+using namespace training;
 
 ExperimentSpec causal_experiment() {
   return {.name = "causal",
@@ -20,4 +23,4 @@ ExperimentSpec causal_experiment() {
           }};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

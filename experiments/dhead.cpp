@@ -1,7 +1,10 @@
 // How narrow a head can be: d_head 1 makes every score rank 1.
 #include "qkv/experiments/experiment.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace tasks;
+using namespace training;
 
 ExperimentSpec dhead_experiment() {
   return {.name = "dhead",
@@ -18,4 +21,4 @@ ExperimentSpec dhead_experiment() {
           }};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

@@ -12,11 +12,18 @@
 #include "qkv/report/charts.hpp"
 #include "qkv/tasks/find_spec.hpp"
 #include "qkv/analysis/inspect.hpp"
-#include "qkv/training/train.hpp"
+#include "qkv/training/trainer.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/safetensors.hpp"
+#include "qkv/tasks/evaluate.hpp"
+#include "qkv/training/run_folder.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace analysis;
+using namespace report;
+using namespace tasks;
+using namespace training;
 
 namespace {
 
@@ -260,4 +267,4 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   return result;
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

@@ -13,9 +13,15 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/tasks/task.hpp"
-#include "qkv/training/train.hpp"
+#include "qkv/training/trainer.hpp"
+#include "qkv/tasks/registry.hpp"
+#include "qkv/training/options.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using tasks::Column;
+using tasks::Task;
+using tasks::TrainOptions;
 
 // The budgets of a full run and of a quick one: steps per run, and seeds.
 inline constexpr std::size_t full_steps = 6000, full_seeds = 10, quick_steps = 300;
@@ -96,4 +102,4 @@ std::string experiment_table(const std::string& name, const nlohmann::ordered_js
 // unknown name.
 ExperimentResult run_experiment(const ExperimentOptions& options, std::ostream& progress, bool tty);
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

@@ -3,7 +3,10 @@
 
 #include "qkv/core/autograd.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace tasks;
+using namespace training;
 
 namespace {
 
@@ -44,4 +47,4 @@ ExperimentSpec kv_experiment() {
           }};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

@@ -1,8 +1,12 @@
 // Lengths beyond training's: brackets trained on lengths up to 24, tested on 26-40 and 42-64, with
 // learned positions (rows past 25 never trained) and fixed sinusoidal ones.
 #include "qkv/experiments/experiment.hpp"
+#include "qkv/tasks/evaluate.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace tasks;
+using namespace training;
 
 ExperimentSpec length_experiment() {
   std::vector<Column> columns;
@@ -29,4 +33,4 @@ ExperimentSpec length_experiment() {
           }};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

@@ -3,7 +3,10 @@
 // layers mask the padding keys.
 #include "qkv/experiments/experiment.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace tasks;
+using namespace training;
 
 ExperimentSpec masks_experiment() {
   return {.name = "masks",
@@ -25,4 +28,4 @@ ExperimentSpec masks_experiment() {
           }};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

@@ -5,7 +5,10 @@
 
 #include "qkv/experiments/experiment.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace tasks;
+using namespace training;
 
 #define QKV_DECLARE_EXPERIMENT(name) ExperimentSpec name##_experiment();
 QKV_EXPERIMENTS(QKV_DECLARE_EXPERIMENT)
@@ -16,4 +19,4 @@ const std::vector<ExperimentSpec>& experiment_registry() {
   return experiments;
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

@@ -4,8 +4,12 @@
 #include <cmath>
 
 #include "qkv/core/autograd.hpp"
+#include "qkv/tasks/evaluate.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace tasks;
+using namespace training;
 
 namespace {
 
@@ -75,4 +79,4 @@ ExperimentSpec scale_experiment() {
           .at_init = init_attention_stats};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

@@ -2,7 +2,10 @@
 // semi-definite), symmetric (k = q ⊙ s: symmetric, indefinite) and identity heads, on every task.
 #include "qkv/experiments/experiment.hpp"
 
-namespace qkv::cli {
+namespace qkv::experiments {
+
+using namespace tasks;
+using namespace training;
 
 ExperimentSpec symmetry_experiment() {
   return {.name = "symmetry",
@@ -22,4 +25,4 @@ ExperimentSpec symmetry_experiment() {
           }};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::experiments

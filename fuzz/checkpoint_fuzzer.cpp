@@ -10,7 +10,9 @@
 
 #include "qkv/training/checkpoint.hpp"
 #include "qkv/analysis/history.hpp"
+#include "qkv/report/snapshots.hpp"
 #include "fuzz/fixture.hpp"
+#include "qkv/training/options.hpp"
 
 namespace {
 
@@ -31,15 +33,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const nn::Safetensors optimizer_file = nn::parse_safetensors(run.optimizer_file, "fuzz/optimizer.safetensors");
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
 
-  expect_success_or_runtime_error([&] { cli::parse_config(bytes, "fuzz/config.json"); });
-  expect_success_or_runtime_error([&] { cli::parse_history(bytes, "", run.options.model, "fuzz"); });
-  expect_success_or_runtime_error([&] { cli::parse_history("", bytes, run.options.model, "fuzz"); });
+  expect_success_or_runtime_error([&] { training::parse_config(bytes, "fuzz/config.json"); });
+  expect_success_or_runtime_error([&] { analysis::parse_history(bytes, "", run.options.model, "fuzz"); });
+  expect_success_or_runtime_error([&] { analysis::parse_history("", bytes, run.options.model, "fuzz"); });
   expect_success_or_runtime_error([&] {
     const nn::Safetensors file = nn::parse_safetensors(bytes, "fuzz/input.safetensors");
     expect_success_or_runtime_error(
-        [&] { cli::restore_checkpoint(nn::parse_checkpoint("fuzz", file, optimizer_file), *run.model, *run.optimizer, run.check); });
+        [&] { training::restore_checkpoint(nn::parse_checkpoint("fuzz", file, optimizer_file), *run.model, *run.optimizer, run.check); });
     expect_success_or_runtime_error(
-        [&] { cli::restore_checkpoint(nn::parse_checkpoint("fuzz", model_file, file), *run.model, *run.optimizer, run.check); });
+        [&] { training::restore_checkpoint(nn::parse_checkpoint("fuzz", model_file, file), *run.model, *run.optimizer, run.check); });
   });
   return 0;
 }

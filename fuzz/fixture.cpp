@@ -2,10 +2,11 @@
 
 #include "qkv/core/ops.hpp"
 #include "qkv/nn/safetensors.hpp"
+#include "qkv/training/options.hpp"
 
 namespace qkv::fuzz {
 
-Fixture::Fixture() : options(cli::default_options("brackets")) {
+Fixture::Fixture() : options(tasks::default_options("brackets")) {
   options.out = "fuzz";
   options.model.layers = 1;
   options.model.heads = 1;
@@ -20,7 +21,7 @@ Fixture::Fixture() : options(cli::default_options("brackets")) {
   optimizer->step();
   check = {.max_step = options.steps, .updated = std::vector<bool>(model->parameters().size(), true)};
   const auto& r = gen.state();
-  config = cli::config_text(options);
+  config = training::config_text(options);
   model_file = nn::serialize_safetensors(model->state_dict(), {{"step", "1"}});
   optimizer_file = nn::serialize_safetensors(
       optimizer->state_dict(), {{"step", "1"}, {"rng", fmt::format("{} {} {} {}", r[0], r[1], r[2], r[3])}});

@@ -4,18 +4,18 @@
 #include <memory>
 #include <string>
 
-#include "qkv/training/checkpoint.hpp"
-#include "qkv/training/train.hpp"
 #include "qkv/optim/adam.hpp"
+#include "qkv/tasks/registry.hpp"
+#include "qkv/training/checkpoint.hpp"
 
 namespace qkv::fuzz {
 
 struct Fixture {
   Fixture();
-  cli::TrainOptions options;
+  tasks::TrainOptions options;
   std::unique_ptr<nn::Transformer> model;
   std::unique_ptr<optim::Adam> optimizer;
-  cli::CheckpointCheck check;  // what its checkpoint must hold: every parameter has a step's state
+  training::CheckpointCheck check;  // what its checkpoint must hold: every parameter has a step's state
   // The valid files of the run.
   std::string config, model_file, optimizer_file;
 };

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/analysis/history.hpp"
+#include "qkv/report/snapshots.hpp"
 #include "qkv/tasks/task.hpp"
 #include "fuzz/fixture.hpp"
 #include "qkv/nn/safetensors.hpp"
@@ -150,8 +151,8 @@ int main(int argc, char** argv) {
   put("optimizer-exp-avg-inf", with_value("2.exp_avg", std::numeric_limits<float>::infinity()));
 
   // snapshots.jsonl: the fuzz run's snapshot, and lines whose sizes are not the run's.
-  const auto task = qkv::cli::make_task(run.options.task);
-  const Json snapshot = qkv::cli::Snapshots(run.options, *task).take(1, *run.model);
+  const auto task = qkv::tasks::make_task(run.options.task);
+  const Json snapshot = qkv::report::Snapshots(run.options, *task).take(1, *run.model);
   put("snapshots.jsonl", snapshot.dump() + "\n");
   const auto snapshot_with = [&](const std::function<void(Json&)>& edit) {
     Json line = snapshot;

@@ -8,6 +8,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/nn/transformer.hpp"
 
 namespace qkv::nn {
 
@@ -138,6 +139,12 @@ MatrixSpectrum spectrum(const Array<double>& a) {
     });
   }
   return out;
+}
+
+Tensor table_scores(const TransformerBlock& block, const Tensor& table) {
+  NoGradGuard no_grad;
+  const Tensor stream = reshape(table, {1, -1, std::int64_t(table.size(1))});
+  return block.attn.forward(block.ln1(stream), {}, true).scores;
 }
 
 }  // namespace qkv::nn

@@ -60,4 +60,11 @@ struct MatrixSpectrum {
 // a non-finite value.
 MatrixSpectrum spectrum(const Array<double>& a);
 
+class TransformerBlock;  // transformer.hpp
+
+// The scores a layer's heads give when the stream holds only the rows of `table` (N, d_model),
+// after the layer's LayerNorm, biases included, scaled, no mask: (1, H, N, N). With the token
+// embeddings it is the token table (query token × key token); with the positions, the position table.
+Tensor table_scores(const TransformerBlock& block, const Tensor& table);
+
 }  // namespace qkv::nn

@@ -7,7 +7,7 @@
 #include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
 
-namespace qkv::cli {
+namespace qkv::nn {
 
 namespace {
 
@@ -435,4 +435,4 @@ const std::vector<GradcheckCase>& gradcheck_cases() {
   return cases;
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::nn

@@ -7,7 +7,7 @@
 
 #include "qkv/core/gradcheck.hpp"
 
-namespace qkv::cli {
+namespace qkv::nn {
 
 struct GradcheckCase {
   std::string op;    // the op under test, as core/ops.hpp names it
@@ -17,4 +17,4 @@ struct GradcheckCase {
 
 const std::vector<GradcheckCase>& gradcheck_cases();
 
-}  // namespace qkv::cli
+}  // namespace qkv::nn

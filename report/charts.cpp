@@ -8,7 +8,7 @@
 
 #include "qkv/report/heatmap.hpp"  // escape_xml
 
-namespace qkv::cli {
+namespace qkv::report {
 
 using Json = nlohmann::ordered_json;
 
@@ -245,4 +245,4 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   return s + "</svg>\n";
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::report

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace qkv::cli {
+namespace qkv::report {
 
 // The runs of one configuration (the same labels), in the order the runs first name them.
 struct RunGroup {
@@ -53,4 +53,4 @@ struct ChartLine {
 std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines,
                         bool shared_axis);
 
-}  // namespace qkv::cli
+}  // namespace qkv::report

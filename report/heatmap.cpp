@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-namespace qkv::cli {
+namespace qkv::report {
 
 namespace {
 
@@ -363,4 +363,4 @@ std::string heatmap_script() {
 )";
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::report

@@ -8,7 +8,7 @@
 
 #include "qkv/core/tensor.hpp"
 
-namespace qkv::cli {
+namespace qkv::report {
 
 struct Heatmap {
   Array<double> values;  // (rows, cols); a non-finite entry is masked and drawn empty
@@ -71,4 +71,4 @@ class PicturePack {
 // draws the packed cells of its heatmaps.
 std::string heatmap_script();
 
-}  // namespace qkv::cli
+}  // namespace qkv::report

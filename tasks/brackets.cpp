@@ -1,9 +1,9 @@
 #include <algorithm>
 
 #include "qkv/tasks/builtin.hpp"
-#include "qkv/training/train.hpp"
+#include "qkv/tasks/registry.hpp"
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 BracketsTask::BracketsTask(std::size_t min_len, std::size_t max_len, std::size_t max_depth)
     : min_len_(min_len), max_len_(max_len), max_depth_(max_depth) {
@@ -106,4 +106,4 @@ TaskSpec brackets_task() {
           .target_name = "opener"};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

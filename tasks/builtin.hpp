@@ -2,9 +2,9 @@
 // The built-in tasks' classes, for their tests and their own files (the program reaches them
 // through the registry, task.hpp). Their texts: brackets "([])[]", rps "Ra Pb Sc Ra" (symbol and payload
 // letters), induction "3 17 5 3 17 5" (token numbers).
-#include "qkv/tasks/task.hpp"
+#include "qkv/tasks/registry.hpp"
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 // Dyck-2 over () and [], after a BOS token: tokens BOS 0, ( 1, ) 2, [ 3, ] 4, pad 5. Lengths are
 // even, uniform in [min_len, max_len]; depth never exceeds max_depth. The target of a closer is
@@ -148,4 +148,4 @@ class TranslateTask : public Seq2SeqTask {
   std::string source_token_name(std::int64_t token) const override;
 };
 
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

@@ -2,8 +2,8 @@
 // most n − 1 of a sequence's n queries can find their successor on top.
 #include "qkv/tasks/builtin.hpp"
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 TaskSpec cycle_task() { return RelationTask::spec(true); }
 
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

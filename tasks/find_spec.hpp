@@ -8,7 +8,7 @@
 
 #include "qkv/core/shape.hpp"  // fail
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 template <class Spec>
 std::vector<std::string> names_of(const std::vector<Spec>& registry) {
@@ -25,4 +25,4 @@ const Spec& find_spec(const std::vector<Spec>& registry, const std::string& name
   fail(what, "unknown {} '{}' (known: {})", what, name, fmt::join(names_of(registry), ", "));
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

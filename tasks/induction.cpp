@@ -2,9 +2,9 @@
 #include <sstream>
 
 #include "qkv/tasks/builtin.hpp"
-#include "qkv/training/train.hpp"
+#include "qkv/tasks/registry.hpp"
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 InductionTask::InductionTask(std::size_t vocab, std::size_t min_block, std::size_t max_block)
     : vocab_(vocab), min_block_(min_block), max_block_(max_block) {
@@ -85,4 +85,4 @@ TaskSpec induction_task() {
                                    }}};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

@@ -3,7 +3,7 @@
 
 #include "qkv/tasks/builtin.hpp"
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 NumbersTask::NumbersTask(Order order, std::size_t values, std::size_t min_len, std::size_t max_len)
     : order_(order), values_(values), min_len_(min_len), max_len_(max_len) {
@@ -76,4 +76,4 @@ std::string NumbersTask::source_token_name(std::int64_t token) const {
   return token == info_.seq2seq->source_pad ? "pad" : std::to_string(token);
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

@@ -5,13 +5,13 @@
 
 #include <xtensor/xview.hpp>
 
-#include "qkv/analysis/inspect.hpp"
+#include "qkv/nn/circuits.hpp"
 #include "qkv/tasks/builtin.hpp"
-#include "qkv/training/train.hpp"
+#include "qkv/tasks/registry.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 RelationTask::RelationTask(std::size_t n, bool cyclic) : n_(n), cyclic_(cyclic) {
   if (n < 3 || n > 64) fail(cyclic ? "cycle" : "line", "n must be in [3, 64], got {}", n);
@@ -95,7 +95,7 @@ Probe RelationTask::probe(const nn::Transformer& model, std::uint64_t seed) cons
 
   // The readout head's token table.
   const Array<double> table =
-      xt::view(table_scores(*model.blocks.back(), model.tok.weight).to(DType::float64).value<double>(), 0, 0);
+      xt::view(nn::table_scores(*model.blocks.back(), model.tok.weight).to(DType::float64).value<double>(), 0, 0);
   double dot = 0, table_norm = 0, relation_norm = 0;
   for (std::size_t a = 0; a < n_; ++a)
     for (std::size_t b = 0; b < n_; ++b) {
@@ -141,4 +141,4 @@ TaskSpec RelationTask::spec(bool cyclic) {
           .probe_columns = columns};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

@@ -2,10 +2,10 @@
 #include <sstream>
 
 #include "qkv/tasks/builtin.hpp"
-#include "qkv/training/train.hpp"
+#include "qkv/tasks/registry.hpp"
 #include "qkv/core/autograd.hpp"
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 namespace {
 constexpr std::int64_t R = 0, P = 1, S = 2;
@@ -125,4 +125,4 @@ TaskSpec rps_task() {
           .probe_columns = {{"beater_top", "beater scored top (3 items)", "{:.3f}"}}};
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

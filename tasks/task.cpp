@@ -4,11 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "qkv/tasks/find_spec.hpp"
-#include "qkv/training/train.hpp"
 
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 IndexArray filled(std::size_t rows, std::size_t cols, std::int64_t value) {
   IndexArray a = IndexArray::from_shape({rows, cols});
@@ -114,38 +112,12 @@ Batch Seq2SeqTask::batch(const std::vector<Seq2SeqExample>& examples) const {
   return batch;
 }
 
-TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> make, std::size_t encoder_layers,
-                      std::size_t steps) {
-  return {.name = std::move(name),
-          .make = [make = std::move(make)](std::size_t) { return make(); },
-          .defaults =
-              [=](TrainOptions& o) {
-                o.encoder_layers = encoder_layers;
-                o.model.layers = 1;
-                o.model.heads = 2;
-                o.model.d_model = 64;
-                o.steps = steps;
-              },
-          .target = 0.99};
-}
-
 const Seq2SeqTask* as_seq2seq(const Task& task) { return dynamic_cast<const Seq2SeqTask*>(&task); }
 
-std::vector<std::string> task_names() { return names_of(task_registry()); }
-
-const TaskSpec& task_spec(const std::string& name) { return find_spec(task_registry(), name, "task"); }
-
-std::size_t task_size(const std::string& name, std::size_t n) {
-  const TaskSpec& spec = task_spec(name);
-  if (n == 0) return spec.default_size;
-  if (spec.sizes.empty()) fail(name, "the {} task takes no size (n), got {}", name, n);
-  if (std::find(spec.sizes.begin(), spec.sizes.end(), n) == spec.sizes.end())
-    fail(name, "n must be one of {}, not {}", fmt::join(spec.sizes, ", "), n);
-  return n;
+std::vector<std::string> token_names(const Task& task) {
+  std::vector<std::string> names;
+  for (std::size_t t = 0; t < task.info().vocab_size; ++t) names.push_back(task.token_name(std::int64_t(t)));
+  return names;
 }
 
-std::unique_ptr<Task> make_task(const std::string& name, std::size_t n) {
-  return task_spec(name).make(task_size(name, n));
-}
-
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

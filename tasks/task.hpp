@@ -1,6 +1,6 @@
 #pragma once
-// A toy task: a seeded batch generator plus an accuracy measure; and the registry of tasks the
-// program knows, one TaskSpec each (tasks/registry.cpp).
+// A toy task: a seeded batch generator plus an accuracy measure. The tasks qkv knows are in its
+// registry (registry.hpp); a program may define and train its own without registering it.
 //
 // Every task turns a sequence into tokens (B, T) and a target per position (B, T), with -100
 // where nothing is scored (padding, openers, the first copy, ...). What a target means depends
@@ -21,7 +21,7 @@
 #include "qkv/core/random.hpp"
 #include "qkv/nn/transformer.hpp"
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 constexpr std::int64_t ignore_target = -100;
 
@@ -135,72 +135,7 @@ class Seq2SeqTask : public Task {
 // The task as a Seq2SeqTask; nullptr for a task of one sequence.
 const Seq2SeqTask* as_seq2seq(const Task& task);
 
-struct TrainOptions;  // train.hpp
+// The name of each token id of the task, as a run's config.json records them.
+std::vector<std::string> token_names(const Task& task);
 
-// A column of a results table: a run's value `key`, printed with `format` under `header`.
-struct Column {
-  std::string key, header, format;
-};
-
-// What a task measures beyond accuracy, on a trained (or initial) model: named values, and any
-// bound the measurement proves broken (a bug).
-struct Probe {
-  std::vector<std::pair<std::string, double>> values;
-  std::vector<std::string> violations;
-};
-
-// Sequences of other lengths than training's: their range as text, and the task that makes them.
-struct LongerLengths {
-  std::string lengths;
-  std::function<std::unique_ptr<Task>()> make;
-};
-
-// A change of the input that changes the answer, for activation patching (`qkv ablate`): tokens
-// of the clean batch's shape (induction: the first copy drawn afresh, so that the second copy's
-// answers are not in it). The clean batch's targets stay the ones scored.
-struct Corruption {
-  std::string description;  // "the first copy drawn afresh"
-  std::function<IndexArray(const Task& task, const Batch& clean, Generator& gen)> make;
-};
-
-// Everything the program knows about a task. One per task, in its own file, listed once in
-// tasks/registry.cpp; nothing else names a task.
-struct TaskSpec {
-  std::string name;
-  // The task with its default lengths, of size n (`qkv train cycle --n 5`) for a task that has sizes.
-  std::function<std::unique_ptr<Task>(std::size_t n)> make;
-  std::vector<std::size_t> sizes{};  // the sizes n it takes; empty: none (n is 0)
-  std::size_t default_size = 0;
-  // Model and training settings of `qkv train NAME`, beyond the vocabulary, readout and mask
-  // that the task's info sets; with them the task reaches `target` accuracy on held-out sequences.
-  std::function<void(TrainOptions&)> defaults = [](TrainOptions&) {};
-  double target = 0.99;
-  // Longer sequences than training's, which `qkv eval` also scores when the model has the
-  // positions for them (`train --max-len`): brackets "26-40" and "42-64".
-  std::vector<LongerLengths> longer{};
-  // What a pointer target is called in reports: "weight on opener".
-  std::string target_name = "target";
-  // Extra measurements for `qkv experiment`, and the columns of them its tables show.
-  std::function<Probe(const nn::Transformer& model, std::uint64_t seed)> probe{};
-  std::vector<Column> probe_columns{};
-  // For `qkv ablate`'s activation patching; none: the task has no corrupted input.
-  std::optional<Corruption> corruption{};
-};
-
-// The TaskSpec of a seq2seq task: an encoder of `encoder_layers` and a decoder of one layer, 2 heads,
-// d_model 64, trained `steps` steps; each reaches 99% exact match on held-out sources.
-TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> make, std::size_t encoder_layers,
-                      std::size_t steps);
-
-// Every registered task, in the order `qkv tasks` lists them.
-const std::vector<TaskSpec>& task_registry();
-std::vector<std::string> task_names();
-// Throws std::invalid_argument naming the task and listing the known ones.
-const TaskSpec& task_spec(const std::string& name);
-// The task of size n (0: its default size, or none); std::invalid_argument naming the task and the
-// sizes it takes for any other n.
-std::unique_ptr<Task> make_task(const std::string& name, std::size_t n = 0);
-// n itself, or the task's default size for 0; the same errors.
-std::size_t task_size(const std::string& name, std::size_t n);
-
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

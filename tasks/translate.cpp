@@ -5,7 +5,7 @@
 
 #include "qkv/tasks/builtin.hpp"
 
-namespace qkv::cli {
+namespace qkv::tasks {
 
 namespace {
 
@@ -106,4 +106,4 @@ TaskSpec translate_task() {
   return seq2seq_spec("translate", [] { return std::make_unique<TranslateTask>(); }, 1, 1500);
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::tasks

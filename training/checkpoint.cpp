@@ -9,7 +9,7 @@
 
 #include "qkv/core/shape.hpp"
 
-namespace qkv::cli {
+namespace qkv::training {
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
                      const CheckpointState& state) {
@@ -63,4 +63,4 @@ CheckpointState restore_checkpoint(const nn::Checkpoint& c, nn::Module& model, o
   return state;
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::training

@@ -10,7 +10,7 @@
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/optim/optimizer.hpp"
 
-namespace qkv::cli {
+namespace qkv::training {
 
 struct CheckpointState {
   std::size_t step = 0;       // optimizer steps taken
@@ -33,4 +33,4 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
 CheckpointState restore_checkpoint(const nn::Checkpoint& checkpoint, nn::Module& model, optim::Optimizer& optimizer,
                                    const CheckpointCheck& check);
 
-}  // namespace qkv::cli
+}  // namespace qkv::training

@@ -17,12 +17,22 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/analysis/ablate.hpp"
+#include "qkv/report/ablate.hpp"
 #include "qkv/analysis/alignment.hpp"
+#include "qkv/report/alignment.hpp"
 #include "qkv/experiments/experiment.hpp"
 #include "qkv/nn/gradcheck_cases.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/report/inspect.hpp"
 #include "qkv/analysis/history.hpp"
-#include "qkv/training/train.hpp"
+#include "qkv/report/snapshots.hpp"
+#include "qkv/tasks/evaluate.hpp"
+#include "qkv/tasks/registry.hpp"
+#include "qkv/training/memory.hpp"
+#include "qkv/training/metrics_log.hpp"
+#include "qkv/training/options.hpp"
+#include "qkv/training/run_folder.hpp"
+#include "qkv/training/trainer.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/safetensors.hpp"
@@ -30,7 +40,11 @@
 
 namespace {
 
-using namespace qkv::cli;
+using namespace qkv::tasks;
+using namespace qkv::analysis;
+using namespace qkv::report;
+using namespace qkv::training;
+using namespace qkv::experiments;
 
 template <class... Args>
 [[noreturn]] void usage(std::string_view option, fmt::format_string<Args...> text, Args&&... args) {
@@ -68,7 +82,7 @@ std::string option_of(const std::string& field) {
 int run_gradcheck(const std::string& filter) {
   std::size_t passed = 0, failed = 0;
   fmt::print("{:<52} {:>12} {:>12}  {}\n", "check", "max abs err", "max rel err", "result");
-  for (const auto& c : gradcheck_cases()) {
+  for (const auto& c : qkv::nn::gradcheck_cases()) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
     const qkv::GradcheckResult r = c.run();
     fmt::print("{:<52} {:>12.3e} {:>12.3e}  {}\n", c.name, r.max_abs_error, r.max_rel_error, r.passed ? "PASS" : "FAIL");

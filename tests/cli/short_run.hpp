@@ -7,7 +7,13 @@
 
 #include "tests/helpers.hpp"  // Catch2, after xarray.hpp
 
-#include "qkv/training/train.hpp"
+#include "qkv/tasks/evaluate.hpp"
+#include "qkv/tasks/registry.hpp"
+#include "qkv/training/memory.hpp"
+#include "qkv/training/metrics_log.hpp"
+#include "qkv/training/options.hpp"
+#include "qkv/training/run_folder.hpp"
+#include "qkv/training/trainer.hpp"
 #include "qkv/nn/safetensors.hpp"
 
 namespace qkv::test {
@@ -17,9 +23,9 @@ inline std::string temp_folder(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("qkv_" + name + "_" + std::to_string(::getpid()))).string();
 }
 
-inline cli::TrainOptions short_run(const std::string& task, const std::string& out, std::size_t steps = 30,
+inline tasks::TrainOptions short_run(const std::string& task, const std::string& out, std::size_t steps = 30,
                                         std::size_t checkpoint_every = 500) {
-  cli::TrainOptions o = cli::default_options(task);
+  tasks::TrainOptions o = tasks::default_options(task);
   o.steps = steps;
   o.checkpoint_every = checkpoint_every;
   o.warmup = 5;

@@ -7,12 +7,17 @@
 #include <xtensor/xview.hpp>
 
 #include "qkv/analysis/ablate.hpp"
+#include "qkv/report/ablate.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/report/inspect.hpp"
 #include "qkv/tasks/builtin.hpp"
 #include "tests/cli/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::cli;
+using namespace qkv::tasks;
+using namespace qkv::analysis;
+using namespace qkv::report;
+using namespace qkv::training;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
 

@@ -6,13 +6,23 @@
 #include <xtensor/xview.hpp>
 
 #include "qkv/analysis/alignment.hpp"
+#include "qkv/report/alignment.hpp"
 #include "qkv/tasks/builtin.hpp"
-#include "qkv/training/train.hpp"
+#include "qkv/tasks/evaluate.hpp"
+#include "qkv/tasks/registry.hpp"
+#include "qkv/training/memory.hpp"
+#include "qkv/training/metrics_log.hpp"
+#include "qkv/training/options.hpp"
+#include "qkv/training/run_folder.hpp"
+#include "qkv/training/trainer.hpp"
 #include "qkv/core/autograd.hpp"
 #include "tests/cli/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::cli;
+using namespace qkv::tasks;
+using namespace qkv::analysis;
+using namespace qkv::report;
+using namespace qkv::training;
 using Catch::Matchers::Contains;
 using qkv::test::invalid_argument_message;
 

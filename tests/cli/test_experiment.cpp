@@ -17,7 +17,10 @@
 #include "tests/cli/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::cli;
+using namespace qkv::tasks;
+using namespace qkv::report;
+using namespace qkv::training;
+using namespace qkv::experiments;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;

@@ -10,7 +10,9 @@
 
 #include "qkv/training/checkpoint.hpp"
 #include "qkv/analysis/history.hpp"
+#include "qkv/report/snapshots.hpp"
 #include "fuzz/fixture.hpp"
+#include "qkv/training/options.hpp"
 
 using namespace qkv;
 using Catch::Matchers::Contains;
@@ -27,15 +29,15 @@ std::string read(const std::filesystem::path& path) {
 std::string verdict(const fuzz::Fixture& run, const std::string& role, const std::string& bytes) {
   try {
     if (role == "config.json") {
-      cli::parse_config(bytes, "fuzz/config.json");
+      training::parse_config(bytes, "fuzz/config.json");
     } else if (role == "snapshots.jsonl") {
-      cli::parse_history("", bytes, run.options.model, "fuzz");
+      analysis::parse_history("", bytes, run.options.model, "fuzz");
     } else {
       const nn::Safetensors file = nn::parse_safetensors(bytes, "fuzz/" + role);
       const nn::Safetensors model = role == "model.safetensors" ? file : nn::parse_safetensors(run.model_file, "m");
       const nn::Safetensors optimizer =
           role == "optimizer.safetensors" ? file : nn::parse_safetensors(run.optimizer_file, "o");
-      cli::restore_checkpoint(nn::parse_checkpoint("fuzz", model, optimizer), *run.model, *run.optimizer, run.check);
+      training::restore_checkpoint(nn::parse_checkpoint("fuzz", model, optimizer), *run.model, *run.optimizer, run.check);
     }
   } catch (const std::runtime_error& e) {
     return e.what();

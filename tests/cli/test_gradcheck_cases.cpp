@@ -4,7 +4,7 @@
 
 #include "qkv/nn/gradcheck_cases.hpp"
 
-using qkv::cli::gradcheck_cases;
+using qkv::nn::gradcheck_cases;
 
 TEST_CASE("every configuration in the gradcheck catalogue passes") {
   for (const auto& c : gradcheck_cases()) {

@@ -10,14 +10,19 @@
 
 #include "qkv/report/heatmap.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/report/inspect.hpp"
 #include "qkv/analysis/history.hpp"
+#include "qkv/report/snapshots.hpp"
 #include "qkv/tasks/builtin.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/optim/adam.hpp"
 #include "tests/cli/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::cli;
+using namespace qkv::tasks;
+using namespace qkv::analysis;
+using namespace qkv::report;
+using namespace qkv::training;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
 

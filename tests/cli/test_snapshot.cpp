@@ -9,13 +9,18 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/report/inspect.hpp"
 #include "qkv/analysis/history.hpp"
+#include "qkv/report/snapshots.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/files.hpp"
 #include "tests/cli/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::cli;
+using namespace qkv::tasks;
+using namespace qkv::analysis;
+using namespace qkv::report;
+using namespace qkv::training;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
 

@@ -6,7 +6,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "qkv/training/train.hpp"
+#include "qkv/tasks/evaluate.hpp"
+#include "qkv/tasks/registry.hpp"
+#include "qkv/training/memory.hpp"
+#include "qkv/training/metrics_log.hpp"
+#include "qkv/training/options.hpp"
+#include "qkv/training/run_folder.hpp"
+#include "qkv/training/trainer.hpp"
 #include "qkv/training/checkpoint.hpp"
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/safetensors.hpp"
@@ -15,7 +21,8 @@
 #include <csignal>
 
 using namespace qkv;
-using namespace qkv::cli;
+using namespace qkv::tasks;
+using namespace qkv::training;
 using qkv::test::check_same_weights;
 using qkv::test::short_run;
 

@@ -1,0 +1,83 @@
+#include "qkv/tasks/evaluate.hpp"
+
+#include <xtensor/xoperation.hpp>
+
+#include "qkv/core/autograd.hpp"
+#include "qkv/nn/generate.hpp"
+
+namespace qkv::tasks {
+
+namespace {
+
+// Held-out sequences come from a generator no training batch uses.
+constexpr std::uint64_t held_out_stream = 0x9e3779b97f4a7c15ULL;
+
+}  // namespace
+
+Generator held_out_generator(std::uint64_t seed) { return Generator(seed ^ held_out_stream); }
+
+MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens, bool mask_padding) {
+  if (!mask_padding) return MaskArray();
+  const auto pad = task.info().pad;
+  bool bidirectional = false;
+  for (std::size_t l = 0; l < model.blocks.size(); ++l) bidirectional = bidirectional || !model.causal(l);
+  if (!pad || !bidirectional) return MaskArray();
+  return xt::not_equal(tokens, *pad);
+}
+
+MaskArray source_padding(const Task& task, const IndexArray& source) {
+  return xt::not_equal(source, as_seq2seq(task)->sides().source_pad);
+}
+
+Forward forward(const nn::Transformer& model, const Task& task, const Batch& b, bool mask_padding, bool loss) {
+  const nn::TransformerOutput f = model.forward(b.tokens, false, key_padding(model, task, b.tokens, mask_padding));
+  return {loss ? model.loss(f, b.targets) : Tensor(), nn::Transformer::predictions(f.logits)};
+}
+
+Forward forward(const nn::EncoderDecoder& model, const Task& task, const Batch& b, bool, bool loss) {
+  const nn::EncoderDecoderOutput f = model.forward(b.source, b.tokens, false, source_padding(task, b.source));
+  return {loss ? model.loss(f, b.targets) : Tensor(), nn::Transformer::predictions(f.logits)};
+}
+
+namespace {
+
+template <class Model>
+Metrics evaluate_model(const Model& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
+                       bool mask_padding) {
+  NoGradGuard no_grad;
+  Generator gen = held_out_generator(seed);
+  MetricsSum total;
+  for (std::size_t i = 0; i < batches; ++i) {
+    const Batch b = task.sample(batch_size, gen);
+    total.add(score(forward(model, task, b, mask_padding, false).predictions, b));
+  }
+  return total.result();
+}
+
+}  // namespace
+
+Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
+                 bool mask_padding) {
+  return evaluate_model(model, task, batches, batch_size, seed, mask_padding);
+}
+
+Metrics evaluate(const nn::EncoderDecoder& model, const Task& task, std::size_t batches, std::size_t batch_size,
+                 std::uint64_t seed, bool mask_padding) {
+  return evaluate_model(model, task, batches, batch_size, seed, mask_padding);
+}
+
+Metrics evaluate_generation(const nn::EncoderDecoder& model, const Seq2SeqTask& task, std::size_t batches,
+                            std::size_t batch_size, std::uint64_t seed) {
+  NoGradGuard no_grad;
+  Generator gen = held_out_generator(seed), unused(0);  // greedy decoding draws nothing
+  MetricsSum total;
+  for (std::size_t i = 0; i < batches; ++i) {
+    const Batch b = task.sample(batch_size, gen);
+    const IndexArray written = nn::generate(model, b.source, task.sides().start, b.targets.shape()[1], {}, unused, true,
+                                            source_padding(task, b.source));
+    total.add(score(written, b));
+  }
+  return total.result();
+}
+
+}  // namespace qkv::tasks

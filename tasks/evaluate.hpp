@@ -1,0 +1,45 @@
+#pragma once
+// A model scored on a task: on fresh held-out sequences, from a stream no training batch draws from.
+#include <cstdint>
+
+#include "qkv/core/random.hpp"
+#include "qkv/nn/seq2seq.hpp"
+#include "qkv/nn/transformer.hpp"
+#include "qkv/tasks/task.hpp"
+
+namespace qkv::tasks {
+
+// The key-padding mask of a batch, (B, T) false at the task's pad token, when the model has a
+// bidirectional layer (where real queries would see the padding); 0-d otherwise (a causal query
+// never sees the padding after it).
+MaskArray key_padding(const nn::Transformer& model, const Task& task, const IndexArray& tokens, bool mask_padding = true);
+
+// The generator of the held-out sequences of `seed`: a stream no training batch draws from.
+Generator held_out_generator(std::uint64_t seed);
+
+// The source padding of a seq2seq batch, (B, S) false at the task's source_pad: no query attends it.
+MaskArray source_padding(const Task& task, const IndexArray& source);
+
+// A forward on a batch: the predictions at each position and, for a training step, the loss (with
+// `loss`; else undefined). A decoder-only model masks the padding keys as key_padding says; an
+// encoder-decoder masks the source's padding.
+struct Forward {
+  Tensor loss;
+  IndexArray predictions;
+};
+Forward forward(const nn::Transformer& model, const Task& task, const Batch& batch, bool mask_padding, bool loss);
+Forward forward(const nn::EncoderDecoder& model, const Task& task, const Batch& batch, bool mask_padding, bool loss);
+
+// Accuracy of `model` on `batches` fresh batches drawn from held_out_generator(seed); a seq2seq
+// model's with teacher forcing (each position given the right output before it).
+Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
+                 bool mask_padding = true);
+Metrics evaluate(const nn::EncoderDecoder& model, const Task& task, std::size_t batches, std::size_t batch_size,
+                 std::uint64_t seed, bool mask_padding = true);
+// The same sequences decoded greedily with the KV cache, from the start token alone: a position is
+// right when the generated token is the output's (or the end token after it), a sequence when all
+// are, up to its end token. (Equal to teacher forcing's exact match, but for ties of the logits.)
+Metrics evaluate_generation(const nn::EncoderDecoder& model, const Seq2SeqTask& task, std::size_t batches,
+                            std::size_t batch_size, std::uint64_t seed);
+
+}  // namespace qkv::tasks

@@ -1,0 +1,52 @@
+#pragma once
+// `qkv train TASK`: Adam with warmup + cosine and gradient clipping, evaluated on fresh
+// held-out sequences, in a run folder (run_folder.hpp) that it can resume and extend.
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "qkv/nn/transformer.hpp"
+#include "qkv/tasks/task.hpp"
+#include "qkv/tasks/train_options.hpp"
+
+namespace qkv::training {
+
+using tasks::TrainOptions;
+
+// A run stopped by a signal after it committed a checkpoint of its last step (see
+// stop_on_signals); the program exits with 128 + signal.
+struct Interrupted : std::runtime_error {
+  Interrupted(int signal, const std::string& message) : std::runtime_error(message), signal(signal) {}
+  int signal;
+};
+// From now on, SIGINT or SIGTERM ask the run in progress to stop: it finishes its step, commits a
+// checkpoint and throws Interrupted (a signal during the last step lets the run finish). A second
+// signal ends the program at once (the checkpoint already committed stays whole). A signal the
+// program was started ignoring (a background job's SIGINT) stays ignored.
+void stop_on_signals();
+
+struct TrainResult {
+  tasks::Metrics eval;  // on held-out sequences
+  std::size_t steps = 0;
+  double seconds = 0;
+  std::optional<double> loss;  // mean of the last logging window; none when no step ran
+  std::optional<std::size_t> steps_to_target;  // with TrainOptions::target_every
+};
+
+
+// Sees the model before the first step when the run starts from step 0, and after every step, with
+// the number of steps done; it picks the steps it measures, and must not change the model. Its
+// time is left out of the run's seconds (TrainResult, metrics.jsonl).
+using TrainObserver = std::function<void(std::size_t step, const nn::Transformer& model)>;
+
+// Trains, writes OUT/config.json, OUT/metrics.jsonl and checkpoints (see checkpoint.hpp), and shows
+// progress on `progress` (an in-place line when `tty`, else a line per log step). A resumed run
+// ends with weights bit-identical to those of an uninterrupted one. The options are checked, and
+// the model and optimizer built, before the folder is touched; the folder is locked while the run
+// writes it. An existing run in OUT is refused (UsageError) unless options.resume or options.force.
+// A resume starts from the newest checkpoint that loads, and cuts metrics.jsonl back to its step.
+TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe = {});
+}  // namespace qkv::training
