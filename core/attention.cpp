@@ -106,7 +106,7 @@ struct Heads {
 
 // The products of one tile shape, nk keys × nq queries; Sᵀ and dPᵀ have rows of ld. Of each pair,
 // the first sets its block of the result and the second writes a part (rows of d numbers, dense)
-// that add_part then adds: a sum over many tiles adds each tile's total once, rather than chaining
+// that detail::add_block then adds: a sum over many tiles adds each tile's total once, rather than chaining
 // every multiply-add of every tile onto one accumulator (which gave dK twice PyTorch's float32
 // error at 600 positions).
 template <class T>
@@ -126,27 +126,13 @@ struct TileProducts {
         dk_part(false, nk, L.dh, nq, ld, op[0].ld, L.dh, false) {}
 };
 
-// out (rows × cols, rows ld apart) = out · rescale[row] + part (rows × cols, dense); no rescale
-// when it is null.
-template <class T>
-void add_part(const T* part, std::size_t rows, std::size_t cols, T* out, std::size_t ld, const T* rescale = nullptr) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    T* o = out + r * ld;
-    const T* a = part + r * cols;
-    if (rescale)
-      for (std::size_t c = 0; c < cols; ++c) o[c] = o[c] * rescale[r] + a[c];
-    else
-      for (std::size_t c = 0; c < cols; ++c) o[c] += a[c];
-  }
-}
-
 // Sets `out` with `set` when first, else adds the product `part` writes (into scratch `buffer`).
 template <class T>
 void set_or_add(bool first, const detail::SmallGemm<T>& set, const detail::SmallGemm<T>& part, std::size_t rows,
                 std::size_t cols, T* buffer, const T* a, const T* b, T* out, std::size_t ld) {
   if (first) return set(a, b, out);
   part(a, b, buffer);
-  add_part(buffer, rows, cols, out, ld);
+  detail::add_block(buffer, rows, cols, out, ld, nullptr);
 }
 
 // The tiles of one call: full ones of bk × bq, and those cut short at the ends of the sequences.
@@ -285,7 +271,7 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
             p.mix_set(tile, V, Oi);
           } else {  // O_i · e^(m_old − m) + P V_j
             p.mix_part(tile, V + j0 * op[2].ld, part);
-            add_part(part, nq, L.dv, Oi, ldo, rescale);
+            detail::add_block(part, nq, L.dv, Oi, ldo, rescale);
           }
         }
         for (std::size_t c = 0; c < nq; ++c) {

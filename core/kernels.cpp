@@ -378,6 +378,21 @@ QKV_INLINE void add_rows_loop(const T* x, std::size_t rows, std::size_t cols, co
 }
 
 template <class T>
+QKV_INLINE void add_block_loop(const T* __restrict part, std::size_t rows, std::size_t cols, T* __restrict out,
+                               std::size_t ld, const T* rescale) {
+  for (std::size_t i = 0; i < rows; ++i) {
+    T* o = out + i * ld;
+    const T* a = part + i * cols;
+    if (rescale) {
+      const T r = rescale[i];
+      for (std::size_t c = 0; c < cols; ++c) o[c] = o[c] * r + a[c];
+    } else {
+      for (std::size_t c = 0; c < cols; ++c) o[c] += a[c];
+    }
+  }
+}
+
+template <class T>
 QKV_INLINE void transpose_loop(const T* src, std::size_t rows, std::size_t cols, std::size_t ld, T* dst) {
   std::size_t r0 = 0;
   for (; r0 + lanes <= rows; r0 += lanes)  // 16 rows at a time: each column a gather, then one store
@@ -397,6 +412,15 @@ QKV_CLONES void add_rows(const float* x, std::size_t rows, std::size_t cols, con
 }
 QKV_CLONES void add_rows(const double* x, std::size_t rows, std::size_t cols, const double* b, double* y) {
   add_rows_loop(x, rows, cols, b, y);
+}
+
+QKV_CLONES void add_block(const float* part, std::size_t rows, std::size_t cols, float* out, std::size_t ld,
+                          const float* rescale) {
+  add_block_loop(part, rows, cols, out, ld, rescale);
+}
+QKV_CLONES void add_block(const double* part, std::size_t rows, std::size_t cols, double* out, std::size_t ld,
+                          const double* rescale) {
+  add_block_loop(part, rows, cols, out, ld, rescale);
 }
 
 QKV_CLONES void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums) {

@@ -61,6 +61,11 @@ void add_rows(const double* x, std::size_t rows, std::size_t cols, const double*
 void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums);
 void add_column_sums(const double* g, std::size_t rows, std::size_t cols, double* sums);
 
+// out (rows × cols, rows ld apart) = out · rescale[i] on row i (no rescale when it is null) + part
+// (rows × cols, dense, not overlapping out): a block's product added to a sum of them.
+void add_block(const float* part, std::size_t rows, std::size_t cols, float* out, std::size_t ld, const float* rescale);
+void add_block(const double* part, std::size_t rows, std::size_t cols, double* out, std::size_t ld, const double* rescale);
+
 // Σ_j x[j] and Σ_j a[j] b[j] over j < n, vectorised along the entries.
 float sum_of(const float* x, std::size_t n);
 double sum_of(const double* x, std::size_t n);

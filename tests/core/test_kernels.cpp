@@ -267,3 +267,32 @@ TEST_CASE("the row softmax equals a column of the column kernel, zero past its l
   detail::softmax_row(hidden.data(), 5, 5, 1.0f);
   for (float p : hidden) CHECK(p == 0);
 }
+
+namespace {
+
+// add_block on a 5 × 7 block of rows 9 long, against the sum written out, with and without rescale.
+template <class T>
+void check_add_block() {
+  const std::size_t rows = 5, cols = 7, ld = 9;
+  std::vector<T> part(rows * cols), out(rows * ld), rescale(rows);
+  for (std::size_t i = 0; i < part.size(); ++i) part[i] = T(0.25) * T(i % 11) - T(1);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(0.5) * T(i % 13);
+  for (std::size_t r = 0; r < rows; ++r) rescale[r] = T(0.5) + T(r);
+  for (const T* scale : {static_cast<const T*>(nullptr), static_cast<const T*>(rescale.data())}) {
+    std::vector<T> y = out;
+    detail::add_block(part.data(), rows, cols, y.data(), ld, scale);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < ld; ++c) {
+        // Quarters and halves times halves: every value is exact in float32.
+        const T want = c < cols ? out[r * ld + c] * (scale ? scale[r] : T(1)) + part[r * cols + c] : out[r * ld + c];
+        CHECK(y[r * ld + c] == want);
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("add_block adds a dense block into rows of another, rescaled or not, and leaves the rest of each row") {
+  check_add_block<float>();
+  check_add_block<double>();
+}
