@@ -104,3 +104,17 @@ std::string invalid_argument_message(F&& f) {
 }
 
 }  // namespace qkv::test
+
+// The library's layers above nn, named in tests without their namespaces: `using namespace qkv::test`.
+namespace qkv::tasks {}
+namespace qkv::analysis {}
+namespace qkv::report {}
+namespace qkv::training {}
+namespace qkv::experiments {}
+namespace qkv::test {
+using namespace qkv::tasks;
+using namespace qkv::analysis;
+using namespace qkv::report;
+using namespace qkv::training;
+using namespace qkv::experiments;
+}  // namespace qkv::test

@@ -306,7 +306,7 @@ SENTENCES
     run "$qkv" generate run --input "cat eats fish" --tokens 7
     expect 2 "--tokens: 7 pass the decoder's 6 positions"
     run "$qkv" ablate run
-    expect 1 "run: a translate run, whose model is an encoder-decoder: qkv ablate reads decoder-only models"
+    expect 1 "run: a translate run, whose model is an encoder-decoder: ablation reads decoder-only models"
     run "$qkv" train translate --out other --kv-heads 1
     expect 2 "--kv-heads: is not for the translate task's encoder-decoder"
     run "$qkv" train brackets --out other --encoder-layers 2

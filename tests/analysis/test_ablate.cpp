@@ -11,13 +11,9 @@
 #include "qkv/analysis/inspect.hpp"
 #include "qkv/report/inspect.hpp"
 #include "qkv/tasks/builtin.hpp"
-#include "tests/cli/short_run.hpp"
+#include "tests/training/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::tasks;
-using namespace qkv::analysis;
-using namespace qkv::report;
-using namespace qkv::training;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
 

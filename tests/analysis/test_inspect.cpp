@@ -16,13 +16,9 @@
 #include "qkv/tasks/builtin.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/optim/adam.hpp"
-#include "tests/cli/short_run.hpp"
+#include "tests/training/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::tasks;
-using namespace qkv::analysis;
-using namespace qkv::report;
-using namespace qkv::training;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
 

@@ -16,15 +16,14 @@
 #include "qkv/training/checkpoint.hpp"
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/safetensors.hpp"
-#include "tests/cli/short_run.hpp"
+#include "tests/training/short_run.hpp"
 
 #include <csignal>
 
 using namespace qkv;
-using namespace qkv::tasks;
-using namespace qkv::training;
 using qkv::test::check_same_weights;
 using qkv::test::short_run;
+using namespace qkv::test;
 
 
 TEST_CASE("the same seed trains bit-identical weights, and another seed does not") {

@@ -16,15 +16,12 @@
 #include "qkv/training/run_folder.hpp"
 #include "qkv/training/trainer.hpp"
 #include "qkv/core/autograd.hpp"
-#include "tests/cli/short_run.hpp"
+#include "tests/training/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::tasks;
-using namespace qkv::analysis;
-using namespace qkv::report;
-using namespace qkv::training;
 using Catch::Matchers::Contains;
 using qkv::test::invalid_argument_message;
+using namespace qkv::test;
 
 TEST_CASE("alignment scores by hand: the weight on the aligned positions, and whether the top one is aligned") {
   const Array<double> w = {{0.7, 0.3, 0.0}, {0.1, 0.4, 0.5}, {0.2, 0.2, 0.6}};

@@ -11,13 +11,12 @@
 #include "qkv/training/options.hpp"
 #include "qkv/training/run_folder.hpp"
 #include "qkv/training/trainer.hpp"
-#include "tests/cli/short_run.hpp"
+#include "tests/training/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::tasks;
-using namespace qkv::training;
 using Catch::Matchers::Contains;
 using qkv::test::invalid_argument_message;
+using namespace qkv::test;
 
 namespace {
 

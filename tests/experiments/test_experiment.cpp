@@ -14,13 +14,9 @@
 #include "qkv/tasks/builtin.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/nn/files.hpp"
-#include "tests/cli/short_run.hpp"
+#include "tests/training/short_run.hpp"
 
 using namespace qkv;
-using namespace qkv::tasks;
-using namespace qkv::report;
-using namespace qkv::training;
-using namespace qkv::experiments;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;

@@ -1,0 +1,40 @@
+#include "examples/cli/command.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "qkv/core/shape.hpp"
+
+namespace qkv::cli {
+
+CLI::Validator whole(std::uint64_t lo, std::uint64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        const auto value = parse_count(text);
+        if (!value || *value < lo || *value > hi)
+          return fmt::format("must be a whole number from {} to {}, got '{}'", lo, hi, text);
+        return "";
+      },
+      fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+bool escapes_shown(int fd) {
+  const char* term = std::getenv("TERM");
+  return ::isatty(fd) && !(term && std::string_view(term) == "dumb");
+}
+
+std::vector<std::int64_t> input_tokens(const tasks::Task& task, const std::string& text, std::size_t positions) {
+  std::vector<std::int64_t> input;
+  try {
+    input = task.encode(text);
+  } catch (const std::invalid_argument& e) {
+    usage("--input", "{}", e.what());
+  }
+  if (input.empty()) usage("--input", "holds no tokens");
+  if (input.size() > positions) usage("--input", "{} tokens, but the model has {} positions", input.size(), positions);
+  return input;
+}
+
+}  // namespace qkv::cli

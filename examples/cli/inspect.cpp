@@ -1,0 +1,68 @@
+// qkv inspect DIR [--input TEXT] [--json] [--html FILE] [--svg DIR]: what the heads of a trained
+// run learned, as tables and heatmaps, JSON, an HTML page or SVG files.
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <variant>
+
+#include "examples/cli/command.hpp"
+#include "qkv/nn/files.hpp"
+#include "qkv/report/alignment.hpp"
+#include "qkv/report/inspect.hpp"
+#include "qkv/tasks/registry.hpp"
+#include "qkv/training/run_analysis.hpp"
+
+namespace qkv::cli {
+
+namespace {
+
+struct InspectArgs {
+  std::string dir, input, html, svg;
+  bool json = false;
+};
+
+// Writes the report of an inspection as --html, --svg and --json ask, or prints it.
+template <class Inspection>
+int show(const InspectArgs& a, const Inspection& in) {
+  if (!a.html.empty()) {
+    nn::write_atomically(a.html, report::to_html(in));
+    fmt::print(stderr, "qkv inspect: wrote {}\n", a.html);
+  }
+  if (!a.svg.empty()) {
+    const auto files = report::write_svgs(in, a.svg);
+    fmt::print(stderr, "qkv inspect: wrote {} SVG files to {}\n", files.size(), a.svg);
+  }
+  if (a.json) {
+    fmt::print("{}\n", report::to_json(in).dump());
+  } else if (a.html.empty() && a.svg.empty()) {
+    const bool color = escapes_shown(1) && std::getenv("NO_COLOR") == nullptr;
+    report::print_report(std::cout, in, color);
+  }
+  return 0;
+}
+
+int run_inspect(const InspectArgs& a) {
+  std::optional<std::vector<std::int64_t>> input;
+  if (!a.input.empty()) {
+    const training::TrainOptions o = training::read_config(a.dir);
+    input = input_tokens(*tasks::make_task(o.task, o.n), a.input, o.encoder_layers ? o.max_source_len : o.model.max_len);
+  }
+  const bool pictures = !a.html.empty() || !a.svg.empty();  // only the pictures draw the training
+  return std::visit([&](const auto& in) { return show(a, in); }, training::inspect_run(a.dir, input, pictures));
+}
+
+}  // namespace
+
+void add_inspect(CLI::App& app, Command& run) {
+  auto a = std::make_shared<InspectArgs>();
+  auto* sub = app.add_subcommand("inspect", "Show what W_q, W_k and W_v of a trained run learned");
+  sub->add_option("DIR", a->dir, "Run folder (as qkv train --out)")->required();
+  sub->add_option("--input", a->input, "A sequence of the task (default: a typical one)");
+  sub->add_flag("--json", a->json, "Print the numbers as one JSON object");
+  sub->add_option("--html", a->html, "Write a self-contained HTML page of heatmaps to this file");
+  sub->add_option("--svg", a->svg, "Write each heatmap as an SVG file into this folder");
+  sub->callback([&run, a] { run = [a] { return run_inspect(*a); }; });
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,36 @@
+#pragma once
+// What the qkv program does with a run folder a training run wrote, as calls: its accuracy on fresh
+// sequences (`qkv eval`), each head ablated (`qkv ablate`), and what its heads learned (`qkv
+// inspect`). Each reads DIR/config.json and the committed checkpoint, and throws std::runtime_error
+// naming the file at fault.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/alignment.hpp"
+#include "qkv/analysis/inspect.hpp"
+
+namespace qkv::training {
+
+// Accuracy and exact match on `n` fresh sequences (rounded up to whole batches of the run's batch)
+// drawn from `seed`, as one JSON object: {task, dir, sequences, seed, accuracy, exact_match}, with
+// for a seq2seq run `generated` (its outputs decoded greedily from the start token), and for a task
+// with longer lengths (brackets: 26-40) `longer`, scored where the model has the positions.
+nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t seed);
+
+// Every head of a decoder-only run ablated in turn on `n` fresh sequences drawn from `seed` (as
+// evaluate_run draws them), with the task's corruption when it has one. A seq2seq run is refused.
+analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64_t seed);
+
+// What the heads of a run learned on `input` (token ids; none: the task's typical input, or a
+// seq2seq task's typical source), with the run's training history when `history`: an Inspection,
+// or for a seq2seq run an AlignmentInspection.
+using RunInspection = std::variant<analysis::Inspection, analysis::AlignmentInspection>;
+RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history);
+
+}  // namespace qkv::training
