@@ -1,6 +1,10 @@
 #include "tests/helpers.hpp"
 
+#include <fstream>
+#include <iterator>
+#include <regex>
 #include <set>
+#include <string>
 
 #include "qkv/nn/gradcheck_cases.hpp"
 
@@ -27,4 +31,13 @@ TEST_CASE("the gradcheck catalogue covers every op") {
     INFO(op);
     CHECK(covered.count(op) == 1);
   }
+}
+
+TEST_CASE("docs/api.md prints the catalogue's count of checks") {
+  std::ifstream in(QKV_SOURCE_DIR "/docs/api.md");
+  REQUIRE(in.good());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::smatch m;
+  REQUIRE(std::regex_search(text, m, std::regex(R"(gradcheck: (\d+) passed, 0 failed)")));
+  CHECK(std::stoul(m[1].str()) == gradcheck_cases().size());
 }
