@@ -102,7 +102,9 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
   const std::vector<std::vector<std::optional<double>>> asymmetry = score_asymmetries(f);
   // A pointer task's targets on the input: the weight each head puts on them.
   std::vector<std::int64_t> targets;
-  if (task.info().readout == nn::Readout::pointer) {
+  // A task the registry does not know (a run's own) has no targets to show.
+  const std::vector<std::string> known = task_names();
+  if (task.info().readout == nn::Readout::pointer && std::find(known.begin(), known.end(), r.task) != known.end()) {
     r.target_name = task_spec(r.task).target_name;
     targets = task.pointer_targets(input).value_or(std::vector<std::int64_t>{});
   }

@@ -10,7 +10,7 @@
 #include "qkv/nn/files.hpp"
 #include "qkv/report/alignment.hpp"
 #include "qkv/report/inspect.hpp"
-#include "qkv/tasks/registry.hpp"
+#include "qkv/tasks/vocabulary_task.hpp"
 #include "qkv/training/run_analysis.hpp"
 
 namespace qkv::cli {
@@ -44,9 +44,13 @@ int show(const InspectArgs& a, const Inspection& in) {
 
 int run_inspect(const InspectArgs& a) {
   std::optional<std::vector<std::int64_t>> input;
+  const std::unique_ptr<tasks::Task> task = training::run_task(a.dir);
+  if (a.input.empty() && dynamic_cast<const tasks::VocabularyTask*>(task.get()))
+    usage("--input", "is needed: {} is a run of a task qkv does not know ('{}'); give its tokens as ids or the names "
+          "it saved", a.dir, task->info().name);
   if (!a.input.empty()) {
-    const training::TrainOptions o = training::read_config(a.dir);
-    input = input_tokens(*tasks::make_task(o.task, o.n), a.input, o.encoder_layers ? o.max_source_len : o.model.max_len);
+    const tasks::Seq2SeqTask* seq2seq = tasks::as_seq2seq(*task);
+    input = input_tokens(*task, a.input, seq2seq ? training::read_config(a.dir).max_source_len : task->info().max_len);
   }
   const bool pictures = !a.html.empty() || !a.svg.empty();  // only the pictures draw the training
   return std::visit([&](const auto& in) { return show(a, in); }, training::inspect_run(a.dir, input, pictures));

@@ -1,0 +1,89 @@
+// What the program does with a run folder, as library calls: on a run of a task qkv does not know
+// (a library program's, written with nn::save_config and nn::save_checkpoint).
+#include "tests/helpers.hpp"
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "qkv/nn/checkpoint.hpp"
+#include "qkv/nn/circuits.hpp"
+#include "qkv/tasks/vocabulary_task.hpp"
+#include "qkv/training/run_analysis.hpp"
+
+using namespace qkv;
+using namespace qkv::test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// A run folder as a library program writes one: an untrained bidirectional pointer model over 5
+// tokens, its config.json and a checkpoint; with `tokens`, config.json also names them.
+nn::TransformerConfig write_library_run(const std::string& dir, const std::vector<std::string>& tokens = {}) {
+  const nn::TransformerConfig config{.vocab_size = 5, .n_classes = 0, .max_len = 6, .readout = nn::Readout::pointer,
+                                     .causal = false, .layers = 2, .d_model = 8, .heads = 2};
+  Generator gen(7);
+  nn::Transformer model(config, gen);
+  const nn::RunLock lock(dir);
+  nn::save_config(dir, config);
+  if (!tokens.empty()) {
+    std::ifstream in(dir + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["tokens"] = tokens;
+    std::ofstream(dir + "/config.json") << j.dump();
+  }
+  nn::save_checkpoint(dir, model, {}, {.step = 1});
+  return config;
+}
+
+}  // namespace
+
+TEST_CASE("a run of a task qkv does not know is inspected on the tokens given, with every head's circuits") {
+  const std::string dir = scratch("library-run");
+  write_library_run(dir);
+  const std::unique_ptr<tasks::Task> task = training::run_task(dir);
+  REQUIRE(dynamic_cast<const tasks::VocabularyTask*>(task.get()));
+  CHECK(task->info().name == "run");
+  CHECK(task->info().vocab_size == 5);
+  CHECK(task->token_name(3) == "3");
+  CHECK(task->encode("4 0 2") == std::vector<std::int64_t>{4, 0, 2});
+  CHECK_THROWS_WITH(task->encode("0 5"), Contains("cannot read '5'"));
+  CHECK_THROWS_WITH(training::inspect_run(dir, std::nullopt, false), Contains("its input must be given"));
+
+  const training::RunInspection run = training::inspect_run(dir, std::vector<std::int64_t>{1, 4, 0, 2}, false);
+  const analysis::Inspection& in = std::get<analysis::Inspection>(run);
+  const auto model = nn::load_transformer(dir);
+  REQUIRE(in.layers.size() == 2);
+  for (std::size_t l = 0; l < 2; ++l) {
+    REQUIRE(in.layers[l].size() == 2);
+    for (std::size_t h = 0; h < 2; ++h)  // σ of the saved weights, computed apart
+      CHECK(in.layers[l][h].sigma == Approx(nn::symmetric_share(nn::qk_circuit(model->blocks[l]->attn, h))).epsilon(1e-12));
+  }
+  CHECK(in.input_names == std::vector<std::string>{"1", "4", "0", "2"});
+  CHECK(in.target_name.empty());  // no targets: the task is not known
+  CHECK(in.composition.size() == 4);  // 2 heads of layer 0 into 2 of layer 1
+  CHECK(in.layers[0][0].attention.shape() == std::vector<std::size_t>{4, 4});
+}
+
+TEST_CASE("a run of a task qkv does not know names its tokens as config.json saved them") {
+  const std::string dir = scratch("library-run-tokens");
+  write_library_run(dir, {"a", "b", "c", "d", "e"});
+  const std::unique_ptr<tasks::Task> task = training::run_task(dir);
+  CHECK(task->token_name(2) == "c");
+  CHECK(task->encode("e a 1") == std::vector<std::int64_t>{4, 0, 1});  // names, or ids
+  CHECK(task->decode({3, 1}) == "d b");
+  const auto in = std::get<analysis::Inspection>(training::inspect_run(dir, task->encode("b c d"), false));
+  CHECK(in.vocabulary == std::vector<std::string>{"a", "b", "c", "d", "e"});
+  CHECK(in.input_names == std::vector<std::string>{"b", "c", "d"});
+
+  const std::string bad = scratch("library-run-bad-tokens");
+  write_library_run(bad, {"a", "b"});
+  CHECK_THROWS_WITH(training::run_task(bad), Contains("'tokens' holds 2 names for a vocabulary of 5"));
+}
+
+TEST_CASE("evaluation and ablation refuse a run of a task qkv does not know, naming its config.json") {
+  const std::string dir = scratch("library-run-eval");
+  write_library_run(dir);
+  CHECK_THROWS_WITH(training::evaluate_run(dir, 64, 1), Contains(dir + "/config.json: names no task qkv knows"));
+  CHECK_THROWS_WITH(training::ablate_run(dir, 64, 1), Contains("no sequences for an ablation"));
+}
