@@ -278,7 +278,8 @@ void forward(const Heads<T>& x, const Operand (&op)[3], const Layout& L, T scale
           const T inverse = l[c] > 0 ? 1 / l[c] : 0;  // a query that sees nothing: a row of 0
           for (std::size_t e = 0; e < L.dv; ++e) Oi[c * ldo + e] *= inverse;
           if (saved) {
-            saved->shift.data()[(b * L.H + h) * L.Tq + i0 + c] = m[c] == minus_inf ? 0 : m[c];
+            saved->shift.data()[(b * L.H + h) * L.Tq + i0 + c] = m[c];
+            detail::to_softmax_shift(saved->shift.data()[(b * L.H + h) * L.Tq + i0 + c]);
             saved->inverse.data()[(b * L.H + h) * L.Tq + i0 + c] = inverse;
           }
         }

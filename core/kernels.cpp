@@ -196,7 +196,44 @@ QKV_INLINE void exp_approx(Floats& x) {
   x = underflow ? zero : p * scale;
 }
 
-// A column's limit within [0, rows]: the rows it sees (float64 runs column by column).
+// --- Softmax over the columns of a block: one body for float32 and float64. A block's 16 columns
+// are one vector of T, with integers of T's width for its masks; e^x is exp_approx for float32 and
+// std::exp lane by lane for float64 (whose gradient checks need its correct rounding).
+template <class T>
+struct Lanes;
+template <>
+struct Lanes<float> {
+  using V = Floats;
+  using Int = std::int32_t;
+  using Mask = Ints;
+};
+template <>
+struct Lanes<double> {
+  using V = double __attribute__((vector_size(8 * lanes)));
+  using Int = std::int64_t;
+  using Mask = std::int64_t __attribute__((vector_size(8 * lanes)));
+};
+template <class T>
+using Vec = typename Lanes<T>::V;
+
+QKV_INLINE void load(Vec<double>& v, const double* p) { std::memcpy(&v, p, sizeof v); }
+QKV_INLINE void store(double* p, const Vec<double>& v) { std::memcpy(p, &v, sizeof v); }
+
+QKV_INLINE void exp_lanes(Floats& x) { exp_approx(x); }
+QKV_INLINE void exp_lanes(Vec<double>& x) {
+  for (std::size_t c = 0; c < lanes; ++c) x[c] = std::exp(x[c]);
+}
+
+// The limits of a block's columns as T's masks compare them: row j is visible in the lanes where
+// Mask{} + Int(j) < n.
+template <class T>
+QKV_INLINE void load_limits(typename Lanes<T>::Mask& n, const std::int32_t* limits) {
+  Ints n32;
+  std::memcpy(&n32, limits, sizeof n32);
+  n = __builtin_convertvector(n32, typename Lanes<T>::Mask);
+}
+
+// A column's limit within [0, rows].
 QKV_INLINE std::size_t rows_within(std::size_t rows, std::int32_t limit) {
   return std::min<std::size_t>(rows, std::size_t(std::max(0, limit)));
 }
@@ -207,38 +244,40 @@ QKV_INLINE std::size_t used_rows(std::size_t rows, const std::int32_t* limits) {
 }
 
 // The first two passes of a block's softmax over rows [0, used): visible entries scaled and the
-// rest −inf, raising m to their maximum; then each entry e^(x − shift), where shift is m or, for
-// a column with nothing visible or only scores of −inf, 0 (its entries then become e^−inf = 0).
-// shift and each column's sum, total, come back.
-QKV_INLINE void exponentials(float* s, std::size_t ld, std::size_t used, const std::int32_t* limits, float scale,
-                             Floats& m, Floats& shift, Floats& total) {
-  const Floats zero = {}, minus_inf = zero - std::numeric_limits<float>::infinity();
-  Ints n;
-  std::memcpy(&n, limits, sizeof n);
-  Floats v;
+// rest −inf, raising m to their maximum; then each entry e^(x − shift) (shift_of(m)). shift and
+// each column's sum, total, come back.
+template <class T>
+QKV_INLINE void exponentials(T* s, std::size_t ld, std::size_t used, const std::int32_t* limits, T scale, Vec<T>& m,
+                             Vec<T>& shift, Vec<T>& total) {
+  using Mask = typename Lanes<T>::Mask;
+  using Int = typename Lanes<T>::Int;
+  const Vec<T> minus_inf = Vec<T>{} - std::numeric_limits<T>::infinity();
+  Mask n;
+  load_limits<T>(n, limits);
+  Vec<T> v;
   for (std::size_t j = 0; j < used; ++j) {
     load(v, s + j * ld);
-    v = Ints{} + std::int32_t(j) < n ? v * scale : minus_inf;
+    v = Mask{} + Int(j) < n ? v * scale : minus_inf;
     store(s + j * ld, v);
     m = m > v ? m : v;
   }
-  shift = m == minus_inf ? zero : m;
-  cascade_sum(used, [&](std::size_t j, Floats& e) QKV_INLINE_LAMBDA {
+  shift = m;
+  to_softmax_shift(shift);
+  cascade_sum(used, [&](std::size_t j, Vec<T>& e) QKV_INLINE_LAMBDA {
     load(e, s + j * ld);
     e -= shift;
-    exp_approx(e);
+    exp_lanes(e);
     store(s + j * ld, e);
   }, total);
 }
 
-}  // namespace
-
-QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale) {
-  const Floats zero = {};
+template <class T>
+QKV_INLINE void softmax_columns_of(T* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, T scale) {
+  const Vec<T> zero = {};
   const std::size_t used = used_rows(rows, limits);
-  Floats m = zero - std::numeric_limits<float>::infinity(), shift, total, v;
+  Vec<T> m = zero - std::numeric_limits<T>::infinity(), shift, total, v;
   exponentials(s, ld, used, limits, scale, m, shift, total);
-  const Floats inv = total > zero ? 1.0f / total : zero;
+  const Vec<T> inv = total > zero ? T(1) / total : zero;
   for (std::size_t j = 0; j < used; ++j) {
     load(v, s + j * ld);
     store(s + j * ld, v * inv);
@@ -246,121 +285,105 @@ QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, cons
   for (std::size_t j = used; j < rows; ++j) store(s + j * ld, zero);
 }
 
-QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows,
-                                         const std::int32_t* limits, float scale, const float* dots) {
-  const Floats zero = {};
-  Ints n;
-  std::memcpy(&n, limits, sizeof n);
+template <class T>
+QKV_INLINE void softmax_backward_columns_of(const T* p, T* d, std::size_t ld, std::size_t rows,
+                                            const std::int32_t* limits, T scale, const T* dots) {
+  using Mask = typename Lanes<T>::Mask;
+  using Int = typename Lanes<T>::Int;
+  const Vec<T> zero = {};
+  Mask n;
+  load_limits<T>(n, limits);
   const std::size_t used = used_rows(rows, limits);
-  Floats c, pj, dj;
+  Vec<T> c, pj, dj;
   if (dots)
     load(c, dots);
   else
-    cascade_sum(used, [&](std::size_t j, Floats& pd) QKV_INLINE_LAMBDA {
+    cascade_sum(used, [&](std::size_t j, Vec<T>& pd) QKV_INLINE_LAMBDA {
       load(pj, p + j * ld);
       load(dj, d + j * ld);
-      pd = Ints{} + std::int32_t(j) < n ? pj * dj : zero;  // past a column's limit, d may hold anything
+      pd = Mask{} + Int(j) < n ? pj * dj : zero;  // past a column's limit, d may hold anything
     }, c);
   for (std::size_t j = 0; j < used; ++j) {
     load(pj, p + j * ld);
     load(dj, d + j * ld);
-    const Floats g = (pj * (dj - c)) * scale;
-    store(d + j * ld, Ints{} + std::int32_t(j) < n ? g : zero);
+    const Vec<T> g = (pj * (dj - c)) * scale;
+    store(d + j * ld, Mask{} + Int(j) < n ? g : zero);
   }
   for (std::size_t j = used; j < rows; ++j) store(d + j * ld, zero);
 }
 
-// float64: the same steps, column by column, with std::exp.
-void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale) {
-  for (std::size_t c = 0; c < lanes; ++c) {
-    const std::size_t n = rows_within(rows, limits[c]);
-    double m = -std::numeric_limits<double>::infinity();
-    for (std::size_t j = 0; j < n; ++j) {
-      s[j * ld + c] *= scale;
-      m = std::max(m, s[j * ld + c]);
-    }
-    const double shift = m == -std::numeric_limits<double>::infinity() ? 0 : m;
-    double total;
-    cascade_sum(n, [&](std::size_t j, double& e) { e = s[j * ld + c] = std::exp(s[j * ld + c] - shift); }, total);
-    const double inv = total > 0 ? 1 / total : 0;
-    for (std::size_t j = 0; j < n; ++j) s[j * ld + c] *= inv;
-    for (std::size_t j = n; j < rows; ++j) s[j * ld + c] = 0;
-  }
-}
-
-void softmax_backward_columns(const double* p, double* d, std::size_t ld, std::size_t rows,
-                              const std::int32_t* limits, double scale, const double* dots) {
-  for (std::size_t c = 0; c < lanes; ++c) {
-    const std::size_t n = rows_within(rows, limits[c]);
-    double dot;
-    if (dots)
-      dot = dots[c];
-    else
-      cascade_sum(n, [&](std::size_t j, double& pd) { pd = p[j * ld + c] * d[j * ld + c]; }, dot);
-    for (std::size_t j = 0; j < n; ++j) d[j * ld + c] = (p[j * ld + c] * (d[j * ld + c] - dot)) * scale;
-    for (std::size_t j = n; j < rows; ++j) d[j * ld + c] = 0;
-  }
-}
-
-QKV_CLONES void online_softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits,
-                                       float scale, float* max, float* total, float* rescale) {
+template <class T>
+QKV_INLINE void online_softmax_columns_of(T* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, T scale,
+                                          T* max, T* total, T* rescale) {
   const std::size_t used = used_rows(rows, limits);
-  Floats m_old, m, shift, sum, l;
+  Vec<T> m_old, m, shift, sum, l;
   load(m_old, max);
   m = m_old;
   exponentials(s, ld, used, limits, scale, m, shift, sum);
-  for (std::size_t j = used; j < rows; ++j) store(s + j * ld, Floats{});
-  Floats r = m_old - shift;  // −inf before anything was seen: e^−inf = 0
-  exp_approx(r);
+  for (std::size_t j = used; j < rows; ++j) store(s + j * ld, Vec<T>{});
+  Vec<T> r = m_old - shift;  // −inf before anything was seen: e^−inf = 0
+  exp_lanes(r);
   load(l, total);
   store(rescale, r);
   store(total, l * r + sum);
   store(max, m);
 }
 
-QKV_CLONES void softmax_again_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits,
-                                      float scale, const float* shift, const float* inverse) {
-  const Floats zero = {}, minus_inf = zero - std::numeric_limits<float>::infinity();
-  Ints n;
-  std::memcpy(&n, limits, sizeof n);
+template <class T>
+QKV_INLINE void softmax_again_columns_of(T* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, T scale,
+                                         const T* shift, const T* inverse) {
+  using Mask = typename Lanes<T>::Mask;
+  using Int = typename Lanes<T>::Int;
+  const Vec<T> zero = {}, minus_inf = zero - std::numeric_limits<T>::infinity();
+  Mask n;
+  load_limits<T>(n, limits);
   const std::size_t used = used_rows(rows, limits);
-  Floats m, inv, v;
+  Vec<T> m, inv, v;
   load(m, shift);
   load(inv, inverse);
   for (std::size_t j = 0; j < used; ++j) {
     load(v, s + j * ld);
-    v = Ints{} + std::int32_t(j) < n ? v * scale - m : minus_inf;
-    exp_approx(v);
+    v = Mask{} + Int(j) < n ? v * scale - m : minus_inf;
+    exp_lanes(v);
     store(s + j * ld, v * inv);
   }
   for (std::size_t j = used; j < rows; ++j) store(s + j * ld, zero);
 }
 
-// float64: the same steps, column by column, with std::exp.
-void online_softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale,
-                            double* max, double* total, double* rescale) {
-  const double minus_inf = -std::numeric_limits<double>::infinity();
-  for (std::size_t c = 0; c < lanes; ++c) {
-    const std::size_t n = rows_within(rows, limits[c]);
-    double m = max[c];
-    for (std::size_t j = 0; j < n; ++j) m = std::max(m, s[j * ld + c] *= scale);
-    const double shift = m == minus_inf ? 0 : m;
-    double sum;
-    cascade_sum(n, [&](std::size_t j, double& e) { e = s[j * ld + c] = std::exp(s[j * ld + c] - shift); }, sum);
-    for (std::size_t j = n; j < rows; ++j) s[j * ld + c] = 0;
-    rescale[c] = std::exp(max[c] - shift);
-    total[c] = total[c] * rescale[c] + sum;
-    max[c] = m;
-  }
+}  // namespace
+
+QKV_CLONES void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale) {
+  softmax_columns_of(s, ld, rows, limits, scale);
+}
+QKV_CLONES void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale) {
+  softmax_columns_of(s, ld, rows, limits, scale);
 }
 
-void softmax_again_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale,
-                           const double* shift, const double* inverse) {
-  for (std::size_t c = 0; c < lanes; ++c) {
-    const std::size_t n = rows_within(rows, limits[c]);
-    for (std::size_t j = 0; j < n; ++j) s[j * ld + c] = std::exp(s[j * ld + c] * scale - shift[c]) * inverse[c];
-    for (std::size_t j = n; j < rows; ++j) s[j * ld + c] = 0;
-  }
+QKV_CLONES void softmax_backward_columns(const float* p, float* d, std::size_t ld, std::size_t rows,
+                                         const std::int32_t* limits, float scale, const float* dots) {
+  softmax_backward_columns_of(p, d, ld, rows, limits, scale, dots);
+}
+QKV_CLONES void softmax_backward_columns(const double* p, double* d, std::size_t ld, std::size_t rows,
+                                         const std::int32_t* limits, double scale, const double* dots) {
+  softmax_backward_columns_of(p, d, ld, rows, limits, scale, dots);
+}
+
+QKV_CLONES void online_softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits,
+                                       float scale, float* max, float* total, float* rescale) {
+  online_softmax_columns_of(s, ld, rows, limits, scale, max, total, rescale);
+}
+QKV_CLONES void online_softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits,
+                                       double scale, double* max, double* total, double* rescale) {
+  online_softmax_columns_of(s, ld, rows, limits, scale, max, total, rescale);
+}
+
+QKV_CLONES void softmax_again_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits,
+                                      float scale, const float* shift, const float* inverse) {
+  softmax_again_columns_of(s, ld, rows, limits, scale, shift, inverse);
+}
+QKV_CLONES void softmax_again_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits,
+                                      double scale, const double* shift, const double* inverse) {
+  softmax_again_columns_of(s, ld, rows, limits, scale, shift, inverse);
 }
 
 namespace {
@@ -459,30 +482,28 @@ QKV_CLONES void exp_in_place(float* x, std::size_t n) {
   std::copy(tail, tail + (n - j), x + j);
 }
 
-QKV_CLONES void softmax_row(float* s, std::size_t n, std::size_t limit, float scale) {
+namespace {
+
+template <class T>
+QKV_INLINE void softmax_row_of(T* s, std::size_t n, std::size_t limit, T scale) {
   const std::size_t used = std::min(n, limit);
-  float m = -std::numeric_limits<float>::infinity();
+  T m = -std::numeric_limits<T>::infinity();
   for (std::size_t j = 0; j < used; ++j) m = std::max(m, s[j] *= scale);
-  // As softmax_columns: nothing visible, or only −inf, gives all zeros.
-  const float shift = m == -std::numeric_limits<float>::infinity() ? 0.0f : m;
+  T shift = m;  // as softmax_columns: nothing visible, or only −inf, gives all zeros
+  to_softmax_shift(shift);
   for (std::size_t j = 0; j < used; ++j) s[j] -= shift;
   exp_in_place(s, used);
-  const float total = sum_contiguous<float>(s, nullptr, used);
-  const float inv = total > 0 ? 1.0f / total : 0.0f;
+  const T total = sum_contiguous<T>(s, nullptr, used);
+  const T inv = total > 0 ? T(1) / total : T(0);
   for (std::size_t k = 0; k < used; ++k) s[k] *= inv;
-  std::fill(s + used, s + n, 0.0f);
+  std::fill(s + used, s + n, T(0));
 }
 
-void softmax_row(double* s, std::size_t n, std::size_t limit, double scale) {
-  const std::size_t used = std::min(n, limit);
-  double m = -std::numeric_limits<double>::infinity();
-  for (std::size_t j = 0; j < used; ++j) m = std::max(m, s[j] *= scale);
-  const double shift = m == -std::numeric_limits<double>::infinity() ? 0 : m;
-  for (std::size_t j = 0; j < used; ++j) s[j] = std::exp(s[j] - shift);
-  const double total = sum_contiguous<double>(s, nullptr, used);
-  const double inv = total > 0 ? 1 / total : 0;
-  for (std::size_t j = 0; j < used; ++j) s[j] *= inv;
-  std::fill(s + used, s + n, 0.0);
+}  // namespace
+
+QKV_CLONES void softmax_row(float* s, std::size_t n, std::size_t limit, float scale) { softmax_row_of(s, n, limit, scale); }
+QKV_CLONES void softmax_row(double* s, std::size_t n, std::size_t limit, double scale) {
+  softmax_row_of(s, n, limit, scale);
 }
 
 void exp_in_place(double* x, std::size_t n) {

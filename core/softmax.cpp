@@ -32,8 +32,7 @@ Shifted<T> shifted(const Array<T>& x, std::size_t axis) {
   Shifted<T> s;
   const std::array<std::size_t, 1> axes{axis};
   s.max = xt::amax(x, axes, keep);
-  for (T& m : s.max)
-    if (m == -std::numeric_limits<T>::infinity()) m = T(0);
+  for (T& m : s.max) detail::to_softmax_shift(m);
   s.exp = detail::exp_of<T>(x - s.max);
   s.sum = sum_over(s.exp, {axis});
   return s;

@@ -9,16 +9,33 @@
 // fused, so every version computes the same bits.
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 namespace qkv::detail {
 
 constexpr std::size_t softmax_lanes = 16;
 
+// A softmax's largest visible value m (a number, or a vector of them lane by lane) made, in place,
+// the shift its exponentials are taken against: m, or 0 when it saw nothing visible or only −inf,
+// so that they are e^−inf = 0, not NaN. Every softmax of qkv's (the kernels here, softmax,
+// log_softmax, attention) follows it. (In place: a vector crosses no call by value.)
+template <class V>
+[[gnu::always_inline]] inline void to_softmax_shift(V& m) {
+  if constexpr (std::is_floating_point_v<V>) {
+    m = m == -std::numeric_limits<V>::infinity() ? V(0) : m;
+  } else {
+    const V zero = {};
+    m = m == zero - std::numeric_limits<std::remove_cvref_t<decltype(m[0])>>::infinity() ? zero : m;
+  }
+}
+
 // The softmax kernel, for attention and the softmax op alike: 16 vectors side by side as the
 // columns of a block. Column c of the block (s[j·ld + c] for j < rows) sees its first limits[c]
 // entries. Each column becomes the softmax of scale · its visible entries, 0 elsewhere; a column
 // with nothing visible, or only scores of −inf, becomes 0. Entries past a column's limit are read
-// but never used. float32 vectorised (e^x as vector_exp), float64 column by column (std::exp).
+// but never used. One body serves both dtypes, 16 columns as one vector: e^x is vector_exp for
+// float32 and std::exp, lane by lane, for float64.
 void softmax_columns(float* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, float scale);
 void softmax_columns(double* s, std::size_t ld, std::size_t rows, const std::int32_t* limits, double scale);
 // One vector of n contiguous entries (a single query's scores, in decoding), of which the first
