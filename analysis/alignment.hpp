@@ -4,15 +4,11 @@
 // source, and the alignment score: the share of its weight a query puts on the source positions
 // its output token comes from (the task's true alignment: reverse's mirrored position, sort's
 // position of the value, translate's word), on that source and on held-out ones. Also the
-// encoder's and the decoder's self-attention on the source. Printed as tables and heatmaps, as
-// JSON, or as a self-contained HTML page.
+// encoder's and the decoder's self-attention on the source. report/alignment.hpp renders it.
 #include <cstdint>
-#include <iosfwd>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "qkv/analysis/inspect.hpp"  // TrainingHistory
 #include "qkv/tasks/task.hpp"

@@ -13,6 +13,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/nn/files.hpp"
 #include "qkv/nn/safetensors.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/tasks/evaluate.hpp"
@@ -88,6 +89,15 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
     fail("inspect", "the input holds {} tokens, but the model has {} positions", input.size(), c.max_len);
   for (std::int64_t t : input)
     if (t < 0 || std::size_t(t) >= c.vocab_size) fail("inspect", "token {} is outside the vocabulary of {}", t, c.vocab_size);
+  // Every head keeps a token table (vocab² scores) and a position table (max_len²) in float64, and
+  // a layer's are computed in the model's dtype first: refused before anything is allocated when
+  // they would not fit in half the memory available.
+  const double V = double(c.vocab_size), P = double(c.max_len), heads = double(c.heads);
+  const double table_bytes = heads * (double(c.layers) * 8 * (V * V + P * P) + 8 * (V * V + P * P));
+  if (table_bytes > nn::available_memory() / 2)
+    fail("inspect", "the token and position tables of {} heads (a vocabulary of {}, {} positions) need {:.1f} GiB, more "
+         "than half the {:.1f} GiB available", c.layers * c.heads, c.vocab_size, c.max_len, table_bytes / (1 << 30),
+         nn::available_memory() / (1 << 30));
 
   NoGradGuard no_grad;
   Inspection r;

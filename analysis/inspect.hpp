@@ -7,6 +7,7 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qkv/tasks/task.hpp"
@@ -49,7 +50,7 @@ struct HeadComposition {
 };
 
 // A run's training, from its folder: metrics.jsonl (every logging step) and snapshots.jsonl
-// (`train --snapshot-every`; see snapshot.hpp).
+// (`train --snapshot-every`; see report/snapshots.hpp and history.hpp).
 struct TrainingHistory {
   struct Logged {
     std::size_t step = 0;

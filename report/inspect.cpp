@@ -432,10 +432,10 @@ std::string to_html(const Inspection& in) {
   std::string text;
   for (std::size_t i = 0; i < in.input_names.size(); ++i) text += (i ? " " : "") + in.input_names[i];
   std::string s = page_start("qkv inspect" + (in.dir.empty() ? "" : " " + in.dir));
-  s += fmt::format("<h1>qkv inspect: {} ({} layer{} × {} head{}, d_model {}, {})</h1>\n", in.task, c.layers,
+  s += fmt::format("<h1>qkv inspect: {} ({} layer{} × {} head{}, d_model {}, {})</h1>\n", escape_xml(in.task), c.layers,
                    c.layers == 1 ? "" : "s", c.heads, c.heads == 1 ? "" : "s", c.d_model,
                    masks_text(c));
-  s += fmt::format("<p>Input: <code>{}</code></p>\n", text);
+  s += fmt::format("<p>Input: <code>{}</code></p>\n", escape_xml(text));
   s += R"(<div class="legend"><p><b>How to read it.</b>
 <b>Attention</b>: row i is query position i, column j key position j; darker means more weight; grey cells are masked.
 <b>Token QK</b>: the score a query token (row) gives a key token (column) through this head, with only the token's

@@ -18,7 +18,7 @@ struct TrainOptions {
   double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0, clip = 1.0;
   std::size_t eval_batches = 32;  // of `batch` fresh sequences each
   std::size_t checkpoint_every = 500;  // and at the end
-  // With N > 0, OUT/snapshots.jsonl keeps what the heads look like along training (snapshot.hpp)
+  // With N > 0, OUT/snapshots.jsonl keeps what the heads look like along training (report/snapshots.hpp)
   // at step 0, the log-spaced steps 10, 20, 30, 50, 100, … below N, every N steps and the last.
   std::size_t snapshot_every = 0;
   std::size_t threads = 1;             // recorded; the caller sets them (set_num_threads)

@@ -21,8 +21,8 @@ VocabularyTask::VocabularyTask(std::string name, const nn::TransformerConfig& mo
 }
 
 Batch VocabularyTask::sample(std::size_t, Generator&) const {
-  fail(info_.name, "qkv does not know this task, so it has no sequences to draw: give the tokens (--input), or "
-                   "score the model with your own task (tasks::evaluate)");
+  fail(info_.name, "a task known only by its vocabulary has no sequences to draw: give the tokens to inspect, or "
+                   "score the model with its own task (tasks::evaluate)");
 }
 
 std::string VocabularyTask::decode(const std::vector<std::int64_t>& tokens) const {

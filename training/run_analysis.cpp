@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "qkv/analysis/history.hpp"
+#include "qkv/core/shape.hpp"
 #include "qkv/nn/detail/json.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/tasks/evaluate.hpp"
@@ -20,68 +21,71 @@ using namespace tasks;
 
 namespace {
 
-// A run folder's config.json as JSON, and the registered task it names, if any.
+// A run folder's config.json, and whether it is a qkv train run's (it names a "task", which must
+// then be a registered one) or a library program's (no "task": its task is the program's own).
 struct RunConfig {
   nlohmann::json json;
-  std::optional<std::string> task;
+  bool names_task = false;
 };
 
 RunConfig run_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
-  RunConfig c{nn::detail::parse_json(nn::read_file(file, 1 << 20), file, 3), std::nullopt};
-  if (c.json.is_object() && c.json.contains("task") && c.json["task"].is_string()) {
-    const std::vector<std::string> known = task_names();
-    const std::string name = c.json["task"].get<std::string>();
-    if (std::find(known.begin(), known.end(), name) != known.end()) c.task = name;
-  }
+  RunConfig c{nn::detail::parse_json(nn::read_file(file, 1 << 20), file, 3)};
+  c.names_task = c.json.is_object() && c.json.contains("task");
   return c;
 }
 
-// The name a run of a task qkv does not know goes by: its config.json's "task", or "run".
-std::string unknown_task_name(const nlohmann::json& config) {
-  return config.is_object() && config.contains("task") && config["task"].is_string() ? config["task"].get<std::string>()
-                                                                                     : std::string("run");
-}
-
-// The token names a run's config.json saved ("tokens": a string a token id), or none.
-std::vector<std::string> saved_token_names(const nlohmann::json& config) {
+// The token names a library run's config.json saved ("tokens": a name a token id), or none. Each
+// must be printable text of 1 to 40 bytes without spaces, unique, and not another token's id.
+std::vector<std::string> saved_token_names(const nlohmann::json& config, std::size_t vocab, const std::string& file) {
   std::vector<std::string> names;
-  if (!config.is_object() || !config.contains("tokens") || !config["tokens"].is_array()) return names;
-  for (const nlohmann::json& t : config["tokens"]) {
-    if (!t.is_string()) return {};
-    names.push_back(t.get<std::string>());
+  if (!config.is_object() || !config.contains("tokens")) return names;
+  const auto bad = [&](const std::string& why) {
+    throw std::runtime_error(fmt::format("{}: 'tokens'{}", file, why));
+  };
+  const nlohmann::json& tokens = config["tokens"];
+  if (!tokens.is_array()) bad(" must be a list of names, one a token id");
+  if (tokens.size() != vocab) bad(fmt::format(" holds {} names for a vocabulary of {}", tokens.size(), vocab));
+  for (std::size_t id = 0; id < tokens.size(); ++id) {
+    const nlohmann::json& t = tokens[id];
+    if (!t.is_string()) bad(fmt::format("[{}] is {}, not a name", id, t.dump()));
+    const std::string name = t.get<std::string>();
+    const bool printable = std::all_of(name.begin(), name.end(), [](char ch) {
+      return static_cast<unsigned char>(ch) > 0x20 && ch != 0x7f;
+    });
+    if (name.empty() || name.size() > 40 || !printable)
+      bad(fmt::format("[{}] must be 1 to 40 bytes of printable text without spaces", id));
+    const auto number = parse_count(name);
+    if (number && *number != id) bad(fmt::format("[{}] is '{}', the id of another token", id, name));
+    if (std::find(names.begin(), names.end(), name) != names.end()) bad(fmt::format("[{}] '{}' names two tokens", id, name));
+    names.push_back(name);
   }
   return names;
 }
 
-// Refuses a run of a task qkv does not know for `what` (evaluation, ablation): it has no sequences.
-void check_known_task(const std::string& dir, const char* what) {
-  const RunConfig c = run_config(dir);
-  if (!c.task)
-    throw std::runtime_error(fmt::format("{}/config.json: names no task qkv knows ('{}'), so there are no sequences for "
-                                         "{}: inspect it on an input of its tokens, or score it with tasks::evaluate "
-                                         "and its own task",
-                                         dir, unknown_task_name(c.json), what));
+// Refuses a library program's run for `what` (an evaluation, an ablation): without its task there
+// are no sequences to draw.
+void check_names_task(const std::string& dir, const char* what) {
+  if (!run_config(dir).names_task)
+    throw std::runtime_error(fmt::format("{}/config.json: names no task (a library program's run), so there are no "
+                                         "sequences for {}: score it with tasks::evaluate and its own task",
+                                         dir, what));
 }
 
 }  // namespace
 
 std::unique_ptr<Task> run_task(const std::string& dir) {
   const RunConfig c = run_config(dir);
-  if (c.task) {
+  if (c.names_task) {
     const TrainOptions o = read_config(dir);
     return make_task(o.task, o.n);
   }
   const nn::TransformerConfig model = nn::load_config(dir);
-  const std::vector<std::string> names = saved_token_names(c.json);
-  if (!names.empty() && names.size() != model.vocab_size)
-    throw std::runtime_error(fmt::format("{}/config.json: 'tokens' holds {} names for a vocabulary of {}", dir,
-                                         names.size(), model.vocab_size));
-  return std::make_unique<VocabularyTask>(unknown_task_name(c.json), model, names);
+  return std::make_unique<VocabularyTask>("run", model, saved_token_names(c.json, model.vocab_size, dir + "/config.json"));
 }
 
 nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t seed) {
-  check_known_task(dir, "an evaluation");
+  check_names_task(dir, "an evaluation");
   const TrainOptions o = read_config(dir);
   const auto task = make_task(o.task, o.n);
   const std::size_t batches = (n + o.batch - 1) / o.batch;
@@ -115,7 +119,7 @@ nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t
 }
 
 analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64_t seed) {
-  check_known_task(dir, "an ablation");
+  check_names_task(dir, "an ablation");
   const TrainOptions o = read_config(dir);
   if (o.encoder_layers)
     throw std::runtime_error(fmt::format("{}: a {} run, whose model is an encoder-decoder: ablation reads decoder-only "
@@ -130,12 +134,12 @@ analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64
 }
 
 RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history) {
-  if (!run_config(dir).task) {  // a run of its own task: its model and the tokens given
+  if (!run_config(dir).names_task) {  // a library program's run: its model and the tokens given
     const std::unique_ptr<Task> task = run_task(dir);
     if (!input)
-      throw std::invalid_argument(fmt::format("{}: a run of a task qkv does not know ('{}'): its input must be given "
-                                              "(as token ids or the token names it saved)",
-                                              dir, task->info().name));
+      throw std::invalid_argument(fmt::format("{}: a library program's run (its config.json names no task): the input "
+                                              "must be given, as token ids or the token names it saved",
+                                              dir));
     const auto model = nn::load_transformer(dir);
     analysis::Inspection in = analysis::inspect(*model, *task, *input, dir);
     if (history) in.history = analysis::read_history(dir, model->config());

@@ -22,23 +22,24 @@ namespace qkv::training {
 // Accuracy and exact match on `n` fresh sequences (rounded up to whole batches of the run's batch)
 // drawn from `seed`, as one JSON object: {task, dir, sequences, seed, accuracy, exact_match}, with
 // for a seq2seq run `generated` (its outputs decoded greedily from the start token), and for a task
-// with longer lengths (brackets: 26-40) `longer`, scored where the model has the positions. A run of
-// a task qkv does not know (run_task) has no sequences to draw, and is refused naming its config.json.
+// with longer lengths (brackets: 26-40) `longer`, scored where the model has the positions. A
+// library program's run (no task in its config.json) has no sequences to draw, and is refused.
 nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t seed);
 
 // Every head of a decoder-only run ablated in turn on `n` fresh sequences drawn from `seed` (as
-// evaluate_run draws them), with the task's corruption when it has one. A seq2seq run, or one of a
-// task qkv does not know, is refused.
+// evaluate_run draws them), with the task's corruption when it has one. A seq2seq run, or a library
+// program's, is refused.
 analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64_t seed);
 
-// The task of a run folder: the registered task its config.json names, or, for a run whose
-// config.json names none qkv knows (a library program's, written with nn::save_config), a
-// tasks::VocabularyTask of its model's tokens (named as config.json's "tokens" when it has them).
+// The task of a run folder: the registered task its config.json names (an unknown one is an error
+// listing the known ones), or, for a run whose config.json names no task (a library program's,
+// written with nn::save_config), a tasks::VocabularyTask "run" of its model's tokens, named as
+// config.json's "tokens" when it has them (one printable name a token id, each at most 40 bytes).
 std::unique_ptr<tasks::Task> run_task(const std::string& dir);
 
 // What the heads of a run learned on `input` (token ids; none: the task's typical input, or a
 // seq2seq task's typical source), with the run's training history when `history`: an Inspection,
-// or for a seq2seq run an AlignmentInspection. A run of a task qkv does not know needs `input`.
+// or for a seq2seq run an AlignmentInspection. A library program's run needs `input`.
 using RunInspection = std::variant<analysis::Inspection, analysis::AlignmentInspection>;
 RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history);
 

@@ -46,11 +46,14 @@ int run_inspect(const InspectArgs& a) {
   std::optional<std::vector<std::int64_t>> input;
   const std::unique_ptr<tasks::Task> task = training::run_task(a.dir);
   if (a.input.empty() && dynamic_cast<const tasks::VocabularyTask*>(task.get()))
-    usage("--input", "is needed: {} is a run of a task qkv does not know ('{}'); give its tokens as ids or the names "
-          "it saved", a.dir, task->info().name);
+    usage("--input", "is needed: {} is a library program's run (its config.json names no task); give its tokens as "
+          "ids or the names it saved", a.dir);
   if (!a.input.empty()) {
-    const tasks::Seq2SeqTask* seq2seq = tasks::as_seq2seq(*task);
-    input = input_tokens(*task, a.input, seq2seq ? training::read_config(a.dir).max_source_len : task->info().max_len);
+    // A qkv run's model may have more positions than its task's sequences (train --max-len).
+    const bool library_run = dynamic_cast<const tasks::VocabularyTask*>(task.get());
+    const training::TrainOptions o = library_run ? training::TrainOptions{} : training::read_config(a.dir);
+    input = input_tokens(*task, a.input,
+                         library_run ? task->info().max_len : o.encoder_layers ? o.max_source_len : o.model.max_len);
   }
   const bool pictures = !a.html.empty() || !a.svg.empty();  // only the pictures draw the training
   return std::visit([&](const auto& in) { return show(a, in); }, training::inspect_run(a.dir, input, pictures));

@@ -1,5 +1,7 @@
 // qkv train TASK [options]: a model trained on a task, in a run folder; the task's defaults fill
 // what the command line leaves out. Its last line is one JSON object.
+#include <algorithm>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>

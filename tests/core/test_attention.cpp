@@ -76,14 +76,16 @@ TEST_CASE("scaled_dot_product_attention equals a loop reference, with heads, GQA
   // against 130 across tiles (60 on); 70 queries against 66 keys, and a single query with a
   // gradient, are tiles too. Causal with more queries than keys: the first Tq − Tk queries see
   // nothing, in one tile (6 against 4) and in tiles (150 against 70: the first block of 64 queries
-  // sees nothing, the second partly).
+  // sees nothing, the second partly). Kept weights with more queries than a tile and two query heads
+  // a kv head (100 against 40): the second head's dK and dV add to the first's.
   for (const Case c : {Case{5, 5, 2, 2, 3, 3, false, false}, Case{5, 5, 4, 2, 3, 2, true, false},
                        Case{3, 6, 3, 1, 4, 2, true, false}, Case{4, 3, 2, 1, 2, 5, false, true},
                        Case{6, 6, 4, 4, 1, 1, true, true}, Case{70, 70, 2, 1, 1, 1, true, false},
                        Case{66, 130, 2, 2, 1, 2, true, true}, Case{70, 130, 2, 1, 1, 2, true, true},
                        Case{68, 72, 4, 2, 1, 1, false, true}, Case{70, 66, 2, 1, 1, 1, false, false},
                        Case{1, 100, 2, 1, 2, 2, false, false}, Case{6, 4, 2, 1, 3, 2, true, false},
-                       Case{6, 4, 2, 2, 2, 2, true, true}, Case{150, 70, 2, 1, 1, 2, true, false}}) {
+                       Case{6, 4, 2, 2, 2, 2, true, true}, Case{150, 70, 2, 1, 1, 2, true, false},
+                       Case{100, 40, 4, 2, 2, 3, false, false}, Case{100, 40, 4, 2, 2, 3, true, true}}) {
     INFO("Tq " << c.Tq << " Tk " << c.Tk << " H " << c.H << " Hkv " << c.Hkv << " causal " << c.causal << " masked " << c.masked);
     const Tensor q = random_input({2, c.Tq, c.H * c.dh}, gen), k = random_input({2, c.Tk, c.Hkv * c.dh}, gen),
                  v = random_input({2, c.Tk, c.Hkv * c.dv}, gen);

@@ -1,6 +1,9 @@
 #include "tests/helpers.hpp"
 
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "qkv/tasks/builtin.hpp"
@@ -348,5 +351,24 @@ TEST_CASE("seq2seq batches hold the examples the task draws, whatever the seed")
       for (std::size_t i = 0; i < e.output.size(); ++i) CHECK(e.source[e.alignment[i].at(0)] == e.output[i]);
     }
     CHECK(lengths.size() > 2);
+  }
+}
+
+TEST_CASE("the registry line docs/cli.md shows to copy is the registry's, with the worked example's task") {
+  std::vector<std::string> want = task_names();
+  want.push_back("successor");
+  for (const char* page : {"/docs/cli.md"}) {
+    INFO(page);
+    std::ifstream in(std::string(QKV_SOURCE_DIR) + page);
+    REQUIRE(in.good());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::size_t at = text.find("#define QKV_TASKS(TASK)");
+    REQUIRE(at != std::string::npos);
+    const std::string line = text.substr(at, text.find("\n```", at) - at);
+    std::vector<std::string> shown;
+    const std::regex task(R"(TASK\((\w+)\))");
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), task); it != std::sregex_iterator(); ++it)
+      if ((*it)[1] != "TASK") shown.push_back((*it)[1]);
+    CHECK(shown == want);
   }
 }

@@ -1,5 +1,5 @@
 #pragma once
-// A short training run in a temporary folder of its own, for the tests of examples/.
+// A short training run in a temporary folder of its own, for the tests of the layers above nn.
 #include <unistd.h>
 
 #include <filesystem>

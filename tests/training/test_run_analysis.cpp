@@ -38,7 +38,7 @@ nn::TransformerConfig write_library_run(const std::string& dir, const std::vecto
 
 }  // namespace
 
-TEST_CASE("a run of a task qkv does not know is inspected on the tokens given, with every head's circuits") {
+TEST_CASE("a library program's run is inspected on the tokens given, with every head's circuits") {
   const std::string dir = scratch("library-run");
   write_library_run(dir);
   const std::unique_ptr<tasks::Task> task = training::run_task(dir);
@@ -48,7 +48,7 @@ TEST_CASE("a run of a task qkv does not know is inspected on the tokens given, w
   CHECK(task->token_name(3) == "3");
   CHECK(task->encode("4 0 2") == std::vector<std::int64_t>{4, 0, 2});
   CHECK_THROWS_WITH(task->encode("0 5"), Contains("cannot read '5'"));
-  CHECK_THROWS_WITH(training::inspect_run(dir, std::nullopt, false), Contains("its input must be given"));
+  CHECK_THROWS_WITH(training::inspect_run(dir, std::nullopt, false), Contains("the input must be given"));
 
   const training::RunInspection run = training::inspect_run(dir, std::vector<std::int64_t>{1, 4, 0, 2}, false);
   const analysis::Inspection& in = std::get<analysis::Inspection>(run);
@@ -65,7 +65,7 @@ TEST_CASE("a run of a task qkv does not know is inspected on the tokens given, w
   CHECK(in.layers[0][0].attention.shape() == std::vector<std::size_t>{4, 4});
 }
 
-TEST_CASE("a run of a task qkv does not know names its tokens as config.json saved them") {
+TEST_CASE("a library program's run names its tokens as config.json saved them, and bad names are refused") {
   const std::string dir = scratch("library-run-tokens");
   write_library_run(dir, {"a", "b", "c", "d", "e"});
   const std::unique_ptr<tasks::Task> task = training::run_task(dir);
@@ -76,14 +76,44 @@ TEST_CASE("a run of a task qkv does not know names its tokens as config.json sav
   CHECK(in.vocabulary == std::vector<std::string>{"a", "b", "c", "d", "e"});
   CHECK(in.input_names == std::vector<std::string>{"b", "c", "d"});
 
-  const std::string bad = scratch("library-run-bad-tokens");
-  write_library_run(bad, {"a", "b"});
-  CHECK_THROWS_WITH(training::run_task(bad), Contains("'tokens' holds 2 names for a vocabulary of 5"));
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"a", "b"}, "'tokens' holds 2 names for a vocabulary of 5"},
+      {{"a", "b", "c", "d", "\x1b[2J"}, "'tokens'[4] must be 1 to 40 bytes of printable text without spaces"},
+      {{"a", "b c", "c", "d", "e"}, "'tokens'[1] must be 1 to 40 bytes"},
+      {{"a", "b", "c", "d", ""}, "'tokens'[4] must be 1 to 40 bytes"},
+      {{"a", "3", "c", "d", "e"}, "'tokens'[1] is '3', the id of another token"},
+      {{"a", "b", "a", "d", "e"}, "'tokens'[2] 'a' names two tokens"}};
+  for (const auto& [tokens, message] : bad) {
+    INFO(message);
+    const std::string folder = scratch("library-run-bad-tokens");
+    write_library_run(folder, tokens);
+    CHECK_THROWS_WITH(training::run_task(folder), Contains(folder + "/config.json: " + message));
+  }
 }
 
-TEST_CASE("evaluation and ablation refuse a run of a task qkv does not know, naming its config.json") {
+TEST_CASE("a config.json that names a task qkv does not know is refused, listing the tasks") {
+  const std::string dir = scratch("library-run-unknown-task");
+  write_library_run(dir);
+  std::ifstream in(dir + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["task"] = "foodchain";
+  std::ofstream(dir + "/config.json") << j.dump();
+  CHECK_THROWS_WITH(training::run_task(dir), Contains("'task' is 'foodchain'") && Contains("brackets"));
+  CHECK_THROWS_WITH(training::inspect_run(dir, std::vector<std::int64_t>{1, 2}, false), Contains("'task' is 'foodchain'"));
+}
+
+TEST_CASE("inspect refuses a model whose token tables would not fit in memory, before it allocates them") {
+  const nn::TransformerConfig config{.vocab_size = 200000, .n_classes = 0, .max_len = 4, .readout = nn::Readout::pointer,
+                                     .causal = false, .layers = 1, .d_model = 2, .heads = 1};
+  Generator gen(1);
+  const nn::Transformer model(config, gen);
+  const tasks::VocabularyTask task("run", config);
+  CHECK_THROWS_WITH(analysis::inspect(model, task, {1, 2, 3}), Contains("a vocabulary of 200000") && Contains("GiB"));
+}
+
+TEST_CASE("evaluation and ablation refuse a library program's run, naming its config.json") {
   const std::string dir = scratch("library-run-eval");
   write_library_run(dir);
-  CHECK_THROWS_WITH(training::evaluate_run(dir, 64, 1), Contains(dir + "/config.json: names no task qkv knows"));
+  CHECK_THROWS_WITH(training::evaluate_run(dir, 64, 1), Contains(dir + "/config.json: names no task (a library program's run)"));
   CHECK_THROWS_WITH(training::ablate_run(dir, 64, 1), Contains("no sequences for an ablation"));
 }
