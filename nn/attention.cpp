@@ -218,6 +218,12 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
   }
   out_proj = std::make_unique<Linear>(o.n_heads * o.d_v, o.d_model, o.out_bias, o.dtype, gen);
   register_module("out_proj", *out_proj);
+  register_hook("hook_q", hook_q);
+  register_hook("hook_k", hook_k);
+  register_hook("hook_v", hook_v);
+  register_hook("hook_attn_scores", hook_attn_scores);
+  register_hook("hook_pattern", hook_pattern);
+  register_hook("hook_z", hook_z);
   if (o.qk == QK::symmetric) {  // constants, made once in each dtype (Module::to converts only parameters)
     Array<double> s = Array<double>::from_shape({o.n_heads * o.d_head});
     for (std::size_t i = 0; i < s.size(); ++i) s(i) = i % o.d_head < (o.d_head + 1) / 2 ? 1.0 : -1.0;
@@ -240,14 +246,14 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   const Tensor xb = batched(x);
   const bool symmetric = o.qk == QK::symmetric;
   // Decoding: new positions against a cache, without weights, hooks or gradients, in the fused kernel.
-  const bool decoding = cache != nullptr && !need_weights && hooks.empty() && !is_grad_enabled();
+  const bool decoding = cache != nullptr && !need_weights && !hooked() && !is_grad_enabled();
   if (o.proj == Projection::identity) {
     const Tensor k = symmetric ? keys_of(xb) : xb;
     if (decoding) return attend_cached(xb, k, xb, mask, *cache, x.dim() == 2);
     return attend(xb, k, xb, mask, need_weights, cache, x.dim() == 2);
   }
   const Linear& k_lin = k_proj ? *k_proj : *q_proj;
-  if (!need_weights && cache == nullptr && hooks.empty()) {
+  if (!need_weights && cache == nullptr && !hooked()) {
     // One GEMM over the stacked weights [W_q; W_k; W_v] makes q, k and v side by side, and one fused
     // op attends every head reading them in place. Symmetric keys: the rows of W_q (and b_q) times s.
     const Tensor signs = symmetric ? key_signs(q_proj->weight.dtype()) : Tensor();
@@ -284,7 +290,7 @@ AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& k
     fail(who, "query {}, key {} and value {} need one batch size, and key and value one length",
          to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
   const bool symmetric = o.qk == QK::symmetric;
-  const bool decoding = cache != nullptr && !need_weights && hooks.empty() && !is_grad_enabled();
+  const bool decoding = cache != nullptr && !need_weights && !hooked() && !is_grad_enabled();
   Tensor q = qb, k = kb, v = vb;
   if (o.proj != Projection::identity) {
     const Linear& k_lin = k_proj ? *k_proj : *q_proj;
@@ -314,6 +320,11 @@ AttentionResult MultiHeadAttention::attend_cached(const Tensor& q, const Tensor&
   }
 }
 
+bool MultiHeadAttention::hooked() const {
+  return !(hook_q.empty() && hook_k.empty() && hook_v.empty() && hook_attn_scores.empty() && hook_pattern.empty() &&
+           hook_z.empty());
+}
+
 AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const AttentionMask& mask, bool need_weights,
                                            KVCache* cache, bool unbatched_input) const {
   // q (B, Tq, H·dh), k (B, Tnew, Hkv·dh), v (B, Tnew, Hkv·dv). Query heads come in Hkv groups of
@@ -322,7 +333,7 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   using I = std::int64_t;
   const I B = I(q.size(0)), Tq = I(q.size(1)), Tnew = I(k.size(1));
   const I H = I(o.n_heads), Hkv = I(o.n_kv_heads), G = H / Hkv, dh = I(o.d_head), dv = I(o.d_v);
-  if (!need_weights && cache == nullptr && hooks.empty()) {
+  if (!need_weights && cache == nullptr && !hooked()) {
     // One fused op, on the heads as the projections packed them.
     const FusedMask m = fused_mask(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tnew));
     AttentionResult r;
@@ -330,10 +341,10 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
     if (unbatched_input) r.output = unbatched(r.output);
     return r;
   }
-  if (!hooks.empty()) {  // each as (B, T, heads, width)
-    q = reshape(hooks.run("hook_q", reshape(q, {B, Tq, H, dh})), {B, Tq, H * dh});
-    k = reshape(hooks.run("hook_k", reshape(k, {B, Tnew, Hkv, dh})), {B, Tnew, Hkv * dh});
-    v = reshape(hooks.run("hook_v", reshape(v, {B, Tnew, Hkv, dv})), {B, Tnew, Hkv * dv});
+  if (hooked()) {  // each as (B, T, heads, width)
+    q = reshape(hook_q(reshape(q, {B, Tq, H, dh})), {B, Tq, H * dh});
+    k = reshape(hook_k(reshape(k, {B, Tnew, Hkv, dh})), {B, Tnew, Hkv * dh});
+    v = reshape(hook_v(reshape(v, {B, Tnew, Hkv, dv})), {B, Tnew, Hkv * dv});
   }
   // With a cache: the cached positions' keys and values before the new ones (the cache takes the
   // new ones once the step has succeeded).
@@ -360,18 +371,18 @@ AttentionResult MultiHeadAttention::attend(Tensor q, Tensor k, Tensor v, const A
   scores = reshape(scores, {B, H, Tq, Tk});
   const MaskArray allowed = allowed_keys(mask, std::size_t(B), std::size_t(H), std::size_t(Tq), std::size_t(Tk));
   if (allowed.dimension() > 0) scores = masked_fill(scores, !allowed, -std::numeric_limits<double>::infinity());
-  scores = hooks.run("hook_attn_scores", scores);
-  const Tensor weights = hooks.run("hook_pattern", softmax(scores, -1));
+  scores = hook_attn_scores(scores);
+  const Tensor weights = hook_pattern(softmax(scores, -1));
   const Tensor heads = reshape(matmul(reshape(weights, {B, Hkv, G, Tq, Tk}), reshape(v4, {B, Hkv, 1, Tk, dv})),
                                {B, H, Tq, dv});
-  const Tensor z = hooks.run("hook_z", permute(heads, {0, 2, 1, 3}));  // (B, Tq, H, dv)
+  const Tensor z = hook_z(permute(heads, {0, 2, 1, 3}));  // (B, Tq, H, dv)
   AttentionResult r;
   r.output = (*out_proj)(reshape(z, {B, Tq, H * dv}));  // heads side by side
   if (cache) *cache = extended;  // only once the step has succeeded: a failed call leaves the cache as it was
   if (need_weights) {
     r.weights = weights;
     r.scores = scores;
-    r.heads = hooks.empty() ? heads : permute(z, {0, 2, 1, 3});
+    r.heads = !hooked() ? heads : permute(z, {0, 2, 1, 3});
   }
   if (unbatched_input) {
     r.output = unbatched(r.output);

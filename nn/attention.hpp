@@ -130,7 +130,12 @@ class MultiHeadAttention : public Module {
   // H, d_v). An unbatched input is seen with B = 1. With a hook installed, forward runs op by op,
   // never in the fused kernel (in float32 its results may then differ in the last bits). A
   // Transformer names them blocks.L.attn.hook_q and so on.
-  HookPoints hooks{{"hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"}};
+  HookPoint hook_q, hook_k, hook_v, hook_attn_scores, hook_pattern, hook_z;
+  // Whether any of them has a hook.
+  bool hooked() const;
+
+ protected:
+  const char* type_name() const override { return "MultiHeadAttention"; }
 
  private:
   double scale() const;  // options().scale, or 1/√d_head

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <ostream>
+#include <regex>
+#include <set>
 #include <stdexcept>
 #include <system_error>
 
@@ -299,9 +301,32 @@ Checkpoint read_checkpoint(const std::string& folder) {
   return c;
 }
 
+StateDict older_weight_names(StateDict weights, const Module& model) {
+  static const std::pair<std::regex, const char*> renames[] = {
+      {std::regex(R"(^layers\.(\d+)\.(fc|proj)\.)"), "blocks.$1.mlp.$2."},
+      {std::regex(R"(^layers\.(\d+)\.)"), "blocks.$1."},
+      {std::regex(R"(^ln_f\.)"), "ln_final."},
+      {std::regex(R"(^(encoder|decoder)\.(\d+)\.(fc|proj)\.)"), "$1.blocks.$2.mlp.$3."},
+      {std::regex(R"(^decoder\.(\d+)\.self_attn\.)"), "decoder.blocks.$1.attn."},
+      {std::regex(R"(^(encoder|decoder)\.(\d+)\.)"), "$1.blocks.$2."},
+  };
+  std::set<std::string> own;
+  for (const auto& [name, tensor] : model.named_parameters()) own.insert(name);
+  for (auto& [name, tensor] : weights) {
+    if (own.count(name)) continue;
+    for (const auto& [from, to] : renames)
+      if (std::regex_search(name, from)) {
+        std::string renamed = std::regex_replace(name, from, to, std::regex_constants::format_first_only);
+        if (own.count(renamed)) name = std::move(renamed);
+        break;
+      }
+  }
+  return weights;
+}
+
 void load_weights(const Safetensors& weights, const std::string& file, Module& model) {
   try {
-    model.load_state_dict(weights.tensors);
+    model.load_state_dict(older_weight_names(weights.tensors, model));
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(fmt::format("{}: does not fit the model: {}", file, e.what()));
   }

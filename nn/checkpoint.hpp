@@ -117,9 +117,17 @@ Checkpoint read_checkpoint(const std::string& folder);
 // The optimizer's state is the caller's to load.
 Checkpoint load_checkpoint(const std::string& dir, Module& model);
 // Loads a checkpoint's weights into `model`, as load_checkpoint does; or weights already read from
-// `file` (which names them in messages).
+// `file` (which names them in messages). Weights named as runs before the current scheme named
+// them load too (older_weight_names).
 void load_weights(const Checkpoint& checkpoint, Module& model);
 void load_weights(const Safetensors& weights, const std::string& file, Module& model);
+// The names of weights saved before a model's weights were named on the paths of its hook
+// points, as they are named now: layers.L.* → blocks.L.* (layers.L.fc/proj → blocks.L.mlp.fc/proj),
+// ln_f.* → ln_final.*, encoder.L.* / decoder.L.* → encoder.blocks.L.* / decoder.blocks.L.*
+// (decoder.L.self_attn → decoder.blocks.L.attn). A name is renamed only where `model` has no
+// weight of that name and has one of the new name, so a module of the user's own that names its
+// weights layers.L.* loads as it was saved.
+StateDict older_weight_names(StateDict weights, const Module& model);
 // Loads the committed checkpoint's model.safetensors alone into `model`, for inference (or a run
 // written before checkpoints had an optimizer's file).
 void load_weights(const std::string& dir, Module& model);

@@ -9,33 +9,16 @@
 
 namespace qkv::nn {
 
-HookPoints::HookPoints(std::vector<std::string> names, std::string prefix)
-    : local_(std::move(names)), prefix_(std::move(prefix)) {}
-
-std::vector<std::string> HookPoints::names() const {
-  std::vector<std::string> out;
-  for (const std::string& n : local_) out.push_back(prefix_ + n);
-  return out;
+void HookPoint::add(ForwardHook hook) {
+  if (!hook) fail("hooks", "an empty hook for '{}'", name_);
+  hooks_.push_back(std::move(hook));
 }
 
-bool HookPoints::has(const std::string& name) const {
-  return name.starts_with(prefix_) &&
-         std::find(local_.begin(), local_.end(), name.substr(prefix_.size())) != local_.end();
-}
-
-void HookPoints::add(const std::string& name, ForwardHook hook) {
-  if (!has(name)) fail("hooks", "no hook point '{}' (these are: {})", name, fmt::join(names(), ", "));
-  if (!hook) fail("hooks", "an empty hook for '{}'", name);
-  hooks_.emplace_back(name.substr(prefix_.size()), std::move(hook));
-}
-
-Tensor HookPoints::run(std::string_view local, Tensor value) const {
-  for (const auto& [point, hook] : hooks_) {
-    if (point != local) continue;
-    const std::string name = prefix_ + point;
-    Tensor out = hook(value, name);
+Tensor HookPoint::operator()(Tensor value) const {
+  for (const ForwardHook& hook : hooks_) {
+    Tensor out = hook(value, name_);
     if (!out.defined() || out.shape() != value.shape() || out.dtype() != value.dtype())
-      fail("hooks", "the hook on '{}' returned {}, where the point holds {} {}", name,
+      fail("hooks", "the hook on '{}' returned {}, where the point holds {} {}", name_,
            out.defined() ? fmt::format("{} {}", dtype_name(out.dtype()), to_string(out.shape())) : "no tensor",
            dtype_name(value.dtype()), to_string(value.shape()));
     value = std::move(out);
@@ -43,11 +26,27 @@ Tensor HookPoints::run(std::string_view local, Tensor value) const {
   return value;
 }
 
-void add_hook(const std::vector<HookPoints*>& points, const std::string& name, ForwardHook hook, std::string_view owner,
-              const std::vector<std::string>& names) {
-  for (HookPoints* p : points)
-    if (p->has(name)) return p->add(name, std::move(hook));
-  fail(owner, "no hook point '{}'; this model has {}", name, fmt::join(names, ", "));
+bool HookFilter::keeps(const std::string& name) const {
+  if (by_name_) return std::find(names_.begin(), names_.end(), name) != names_.end();
+  return !keep_ || keep_(name);
+}
+
+void HookFilter::check(const std::vector<std::string>& points, std::string_view owner) const {
+  for (const std::string& name : names_)
+    if (std::find(points.begin(), points.end(), name) == points.end())
+      fail(owner, "no hook point '{}'; this model has {}", name, fmt::join(points, ", "));
+}
+
+const Tensor& Activations::operator[](const std::string& name) const {
+  for (const auto& [point, value] : activations)
+    if (point == name) return value;
+  std::vector<std::string> names;
+  for (const auto& a : activations) names.push_back(a.first);
+  fail("ActivationCache", "no activation '{}' (it has {})", name, fmt::join(names, ", "));
+}
+
+bool Activations::contains(const std::string& name) const {
+  return std::any_of(activations.begin(), activations.end(), [&](const auto& a) { return a.first == name; });
 }
 
 }  // namespace qkv::nn

@@ -14,7 +14,66 @@ void Module::register_parameter(std::string name, const Tensor& tensor) {
   parameters_.emplace_back(std::move(name), tensor);
 }
 
-void Module::register_module(std::string name, Module& child) { children_.emplace_back(std::move(name), &child); }
+void Module::register_module(std::string name, Module& child) {
+  for (HookPoint* point : child.hook_points()) point->name_ = name + "." + point->name_;
+  children_.emplace_back(std::move(name), &child);
+}
+
+void Module::register_hook(std::string name, HookPoint& point) {
+  point.name_ = std::move(name);
+  hooks_.emplace_back(&point, children_.size());
+}
+
+void Module::collect_hooks(std::vector<HookPoint*>& out) const {
+  auto own = hooks_.begin();
+  for (std::size_t i = 0; i <= children_.size(); ++i) {
+    for (; own != hooks_.end() && own->second == i; ++own) out.push_back(own->first);
+    if (i < children_.size()) children_[i].second->collect_hooks(out);
+  }
+}
+
+std::vector<HookPoint*> Module::hook_points() const {
+  std::vector<HookPoint*> out;
+  collect_hooks(out);
+  return out;
+}
+
+std::vector<std::string> Module::hook_names() const {
+  std::vector<std::string> names;
+  for (const HookPoint* point : hook_points()) names.push_back(point->name());
+  return names;
+}
+
+void Module::add_hook(const std::string& name, ForwardHook hook) {
+  for (HookPoint* point : hook_points())
+    if (point->name() == name) return point->add(std::move(hook));
+  fail(type_name(), "no hook point '{}'; this model has {}", name, fmt::join(hook_names(), ", "));
+}
+
+void Module::reset_hooks() {
+  for (HookPoint* point : hook_points()) point->clear();
+}
+
+Module::Restore::Restore(const Module& m) {
+  for (HookPoint* point : m.hook_points()) sizes.emplace_back(point, point->size());
+}
+
+Module::Restore::~Restore() {
+  for (const auto& [point, n] : sizes) point->truncate(n);
+}
+
+NamedHooks Module::caching_hooks(Activations& cache, const HookFilter& filter) const {
+  const std::vector<std::string> names = hook_names();
+  filter.check(names, type_name());
+  NamedHooks hooks;
+  for (const std::string& name : names)
+    if (filter.keeps(name))
+      hooks.emplace_back(name, [&cache](const Tensor& value, const std::string& point) {
+        cache.activations.emplace_back(point, value.detach());
+        return value;
+      });
+  return hooks;
+}
 
 void Module::collect(const std::string& prefix, StateDict& out) const {
   for (const auto& entry : parameters_) {

@@ -11,11 +11,16 @@
 // Parameters are Tensor handles held by the module that owns them; a tensor registered under two
 // names (a tied weight) is one parameter, listed and saved once, under its first name.
 // Submodules are members of their parent, so modules can be neither copied nor moved.
+//
+// Hook points (hooks.hpp) are registered the same way, in the order the forward reaches them
+// among the submodules: a point's full name is the path of the module that holds it, as a
+// parameter's is ("blocks.0.attn.hook_q" beside "blocks.0.attn.q_proj.weight").
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
+#include "qkv/nn/hooks.hpp"
 
 namespace qkv::nn {
 
@@ -48,16 +53,55 @@ class Module {
   // Converts every parameter to `dtype`, in place.
   void to(DType dtype);
 
+  // The full names of the module's hook points and its submodules', in the order a forward
+  // reaches them.
+  std::vector<std::string> hook_names() const;
+  // Adds `hook` to the point `name`; std::invalid_argument naming the module, the name and its
+  // points when it has no such point.
+  void add_hook(const std::string& name, ForwardHook hook);
+  // Removes every hook of every point.
+  void reset_hooks();
+
  protected:
   // `tensor` is the module's own handle; it stays valid through to() and load_state_dict().
   void register_parameter(std::string name, const Tensor& tensor);
+  // Registers `child` under `name`: its parameters and hook points are named `name.` and theirs.
   void register_module(std::string name, Module& child);
+  // Registers the point, a member of this module, under the local `name` ("hook_q",
+  // "ln1.hook_normalized").
+  void register_hook(std::string name, HookPoint& point);
+  // What the errors of add_hook and the caches name the module by ("Transformer").
+  virtual const char* type_name() const { return "Module"; }
+
+  // The result of `forward()`, run with `hooks` added to their points for the call only (after
+  // the module's own); each point is cut back to the hooks it had however the call ends. A name
+  // that is no point is an error before anything runs.
+  template <class Forward>
+  auto with_hooks(const NamedHooks& hooks, Forward&& forward) {
+    const Restore restore(*this);
+    for (const auto& [name, hook] : hooks) add_hook(name, hook);
+    return forward();
+  }
+  // Hooks that keep, detached, into `cache`, the activation of every point `filter` keeps; a name
+  // the filter lists that is no point is an error.
+  NamedHooks caching_hooks(Activations& cache, const HookFilter& filter) const;
 
  private:
   void collect(const std::string& prefix, StateDict& out) const;
+  void collect_hooks(std::vector<HookPoint*>& out) const;
+  std::vector<HookPoint*> hook_points() const;
+  struct Restore {  // each point's number of hooks, put back on destruction
+    explicit Restore(const Module& m);
+    ~Restore();
+    Restore(const Restore&) = delete;
+    Restore& operator=(const Restore&) = delete;
+    std::vector<std::pair<HookPoint*, std::size_t>> sizes;
+  };
 
   StateDict parameters_;
   std::vector<std::pair<std::string, Module*>> children_;
+  // Each point, and the number of children registered before it (its place among them).
+  std::vector<std::pair<HookPoint*, std::size_t>> hooks_;
   bool training_ = true;
 };
 

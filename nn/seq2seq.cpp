@@ -19,18 +19,6 @@ const EncoderDecoderConfig& checked(const EncoderDecoderConfig& c) {
   return c;
 }
 
-std::vector<std::string> decoder_hook_names(bool mlp) {
-  std::vector<std::string> names = {"hook_resid_pre", "ln1.hook_normalized", "hook_attn_out", "ln_cross.hook_normalized",
-                                    "hook_cross_attn_out"};
-  if (mlp) for (const std::string& n : detail::mlp_hook_names()) names.push_back(n);
-  names.push_back("hook_resid_post");
-  return names;
-}
-
-// The points of a block before its (first) attention's, and, in a decoder block, before its
-// cross-attention's.
-constexpr std::size_t points_before_attention = 2, points_before_cross_attention = 4;
-
 // Token ids (B, T) of one side, checked: 2-d, at most `max_len` positions, ids below `vocab`.
 void check_tokens(const IndexArray& tokens, const char* side, std::size_t max_len, std::size_t vocab) {
   if (tokens.dimension() != 2)
@@ -64,33 +52,16 @@ double parameter_count(const EncoderDecoderConfig& c) {
          double(c.decoder_layers) * (parameter_count(one) - parameter_count(none));
 }
 
-nlohmann::json detail::encoder_decoder_config_json(const EncoderDecoderConfig& c) {
-  return {{"src_vocab", c.src_vocab}, {"tgt_vocab", c.tgt_vocab}, {"max_src_len", c.max_src_len},
-          {"max_tgt_len", c.max_tgt_len}, {"encoder_layers", c.encoder_layers}, {"decoder_layers", c.decoder_layers},
-          {"d_model", c.d_model}, {"heads", c.heads}, {"d_head", c.d_head}, {"qk", name_of(c.qk)},
-          {"proj", name_of(c.proj)}, {"mlp", c.mlp}, {"positions", name_of(c.positions)}};
-}
+nlohmann::json detail::encoder_decoder_config_json(const EncoderDecoderConfig& c) { return config_json(c); }
 
 EncoderDecoderConfig detail::read_encoder_decoder_config(const nlohmann::json& j, const std::string& file,
                                                          const std::string& prefix) {
   const detail::FieldReader m(j, file, prefix);
   if (m.has("vocab_size"))
     m.fail_at("vocab_size", "belongs to a decoder-only model's config: load_transformer reads it");
-  constexpr std::uint64_t most = TransformerConfig::max_width, layers = TransformerConfig::max_layers;
   EncoderDecoderConfig c;
-  c.src_vocab = m.count("src_vocab", 1, most);
-  c.tgt_vocab = m.count("tgt_vocab", 1, most);
-  c.max_src_len = m.count("max_src_len", 1, most);
-  c.max_tgt_len = m.count("max_tgt_len", 1, most);
-  c.encoder_layers = m.count("encoder_layers", 1, layers);
-  c.decoder_layers = m.count("decoder_layers", 1, layers);
-  c.d_model = m.count("d_model", 1, most);
-  c.heads = m.count("heads", 1, most);
-  c.d_head = m.count("d_head", 0, most);
-  c.qk = detail::parse_enum(m, "qk", all_qk);
-  c.proj = detail::parse_enum(m, "proj", all_projections);
-  c.mlp = m.flag("mlp");
-  c.positions = detail::parse_enum(m, "positions", all_positions);
+  FieldLoader loader{m};
+  config_fields(c, loader);
   m.only(encoder_decoder_config_json(c));
   try {
     check(c);
@@ -130,48 +101,45 @@ void check(const EncoderDecoderConfig& c) {
 }
 
 DecoderBlock::DecoderBlock(const EncoderDecoderConfig& c, Generator& gen)
-    : ln1(c.d_model, 1e-5, true, c.dtype),
+    : ResidualBlock(c.d_model, c.dtype),
       self_attn(detail::attention_options(encoder_block_config(c)), gen),
       ln_cross(c.d_model, 1e-5, true, c.dtype),
-      cross_attn(detail::attention_options(encoder_block_config(c)), gen),
-      hooks(decoder_hook_names(c.mlp)) {
-  register_module("ln1", ln1);
-  register_module("self_attn", self_attn);
+      cross_attn(detail::attention_options(encoder_block_config(c)), gen) {
+  register_input();
+  register_module("attn", self_attn);
+  register_hook("hook_attn_out", hook_attn_out);
   register_module("ln_cross", ln_cross);
+  register_hook("ln_cross.hook_normalized", ln_cross_normalized);
   register_module("cross_attn", cross_attn);
-  if (c.mlp) {
-    detail::make_mlp(c.d_model, c.dtype, gen, ln2, fc, proj);
-    register_module("ln2", *ln2);
-    register_module("fc", *fc);
-    register_module("proj", *proj);
-  }
+  register_hook("hook_cross_attn_out", hook_cross_attn_out);
+  register_output(c.mlp, c.d_model, c.dtype, gen);
 }
 
 Tensor DecoderBlock::forward(const Tensor& y_in, const Tensor& memory, const MaskArray& memory_padding, bool need_weights,
                              AttentionResult* self, AttentionResult* cross, KVCache* self_cache, KVCache* cross_cache) const {
-  Tensor y = hooks.run("hook_resid_pre", y_in);
-  AttentionResult s = self_attn.forward(hooks.run("ln1.hook_normalized", ln1(y)), {.causal = true}, need_weights, self_cache);
-  y = y + hooks.run("hook_attn_out", s.output);
+  Tensor y = hook_resid_pre(y_in);
+  AttentionResult s = self_attn.forward(ln1_normalized(ln1(y)), {.causal = true}, need_weights, self_cache);
+  y = y + hook_attn_out(s.output);
   // The memory's keys and values, once: after the first step the cache holds them, and no new
   // position is projected.
   const Tensor source = cross_cache && cross_cache->length() > 0 ? slice(memory, 1, 0, 0) : memory;
-  AttentionResult c = cross_attn.forward(hooks.run("ln_cross.hook_normalized", ln_cross(y)), source, source,
+  AttentionResult c = cross_attn.forward(ln_cross_normalized(ln_cross(y)), source, source,
                                          {.causal = false, .key_padding = memory_padding}, need_weights, cross_cache);
-  y = detail::mlp_residual(y + hooks.run("hook_cross_attn_out", c.output), ln2.get(), fc.get(), proj.get(), hooks);
+  const Tensor out = output(y + hook_cross_attn_out(c.output));
   if (self) *self = std::move(s);
   if (cross) *cross = std::move(c);
-  return hooks.run("hook_resid_post", y);
+  return out;
 }
 
 EncoderDecoder::EncoderDecoder(const EncoderDecoderConfig& c, Generator& gen)
     : src_tok(checked(c).src_vocab, c.d_model, c.dtype, gen),
       tgt_tok(c.tgt_vocab, c.d_model, c.dtype, gen),
       ln_enc(c.d_model, 1e-5, true, c.dtype),
-      ln_f(c.d_model, 1e-5, true, c.dtype),
+      ln_final(c.d_model, 1e-5, true, c.dtype),
       head(c.d_model, c.tgt_vocab, true, c.dtype, gen),
-      config_(c),
-      encoder_hooks_({"hook_embed", "hook_pos_embed"}, "encoder."),
-      decoder_hooks_({"hook_embed", "hook_pos_embed"}, "decoder.") {
+      config_(c) {
+  register_hook("encoder.hook_embed", encoder_embed);
+  register_hook("encoder.hook_pos_embed", encoder_pos_embed);
   register_module("src_tok", src_tok);
   register_module("tgt_tok", tgt_tok);
   if (c.positions == Positions::learned) {
@@ -185,19 +153,18 @@ EncoderDecoder::EncoderDecoder(const EncoderDecoderConfig& c, Generator& gen)
   }
   for (std::size_t l = 0; l < c.encoder_layers; ++l) {
     encoder.push_back(std::make_unique<TransformerBlock>(encoder_block_config(c), gen));
-    register_module("encoder." + std::to_string(l), *encoder.back());
-    encoder.back()->hooks.set_prefix(fmt::format("encoder.blocks.{}.", l));
-    encoder.back()->attn.hooks.set_prefix(fmt::format("encoder.blocks.{}.attn.", l));
+    register_module("encoder.blocks." + std::to_string(l), *encoder.back());
   }
   register_module("ln_enc", ln_enc);
+  register_hook("ln_enc.hook_normalized", ln_enc_normalized);
+  register_hook("decoder.hook_embed", decoder_embed);
+  register_hook("decoder.hook_pos_embed", decoder_pos_embed);
   for (std::size_t l = 0; l < c.decoder_layers; ++l) {
     decoder.push_back(std::make_unique<DecoderBlock>(c, gen));
-    register_module("decoder." + std::to_string(l), *decoder.back());
-    decoder.back()->hooks.set_prefix(fmt::format("decoder.blocks.{}.", l));
-    decoder.back()->self_attn.hooks.set_prefix(fmt::format("decoder.blocks.{}.attn.", l));
-    decoder.back()->cross_attn.hooks.set_prefix(fmt::format("decoder.blocks.{}.cross_attn.", l));
+    register_module("decoder.blocks." + std::to_string(l), *decoder.back());
   }
-  register_module("ln_f", ln_f);
+  register_module("ln_final", ln_final);
+  register_hook("ln_final.hook_normalized", ln_final_normalized);
   register_module("head", head);
 }
 
@@ -212,14 +179,14 @@ Tensor EncoderDecoder::tgt_position_table() const {
 Tensor EncoderDecoder::encode(const IndexArray& source, const MaskArray& source_padding,
                               std::vector<AttentionResult>* attention, bool need_weights) const {
   check_tokens(source, "source", config_.max_src_len, config_.src_vocab);
-  Tensor x = detail::embed(src_tok, src_position_table(), encoder_hooks_, source);
+  Tensor x = detail::embed(src_tok, src_position_table(), encoder_embed, encoder_pos_embed, source);
   const AttentionMask mask{.causal = false, .key_padding = source_padding};
   for (const auto& block : encoder) {
     AttentionResult r;
     x = block->forward(x, mask, need_weights, &r);
     if (attention) attention->push_back(std::move(r));
   }
-  return ln_enc(x);
+  return ln_enc_normalized(ln_enc(x));
 }
 
 EncoderDecoderOutput EncoderDecoder::forward(const IndexArray& source, const IndexArray& decoder_input, bool need_weights,
@@ -230,13 +197,13 @@ EncoderDecoderOutput EncoderDecoder::forward(const IndexArray& source, const Ind
     fail("EncoderDecoder", "a decoder input of {} sequences for a source of {}", decoder_input.shape()[0], source.shape()[0]);
   EncoderDecoderOutput f;
   f.memory = encode(source, source_padding, &f.encoder_attention, need_weights);
-  Tensor y = detail::embed(tgt_tok, tgt_position_table(), decoder_hooks_, decoder_input);
+  Tensor y = detail::embed(tgt_tok, tgt_position_table(), decoder_embed, decoder_pos_embed, decoder_input);
   for (const auto& block : decoder) {
     f.decoder_attention.emplace_back();
     f.cross_attention.emplace_back();
     y = block->forward(y, f.memory, source_padding, need_weights, &f.decoder_attention.back(), &f.cross_attention.back());
   }
-  f.logits = head(ln_f(y));
+  f.logits = head(ln_final_normalized(ln_final(y)));
   return f;
 }
 
@@ -263,10 +230,10 @@ Tensor EncoderDecoder::decode(const IndexArray& decoder_input, DecoderCache& cac
     fail("EncoderDecoder", "decoder positions {} to {} are beyond its {}", offset, offset + T, config_.max_tgt_len);
   const DecoderCache before = cache;  // handles: what a failed step restores
   try {
-    Tensor y = detail::embed(tgt_tok, tgt_position_table(), decoder_hooks_, decoder_input, offset);
+    Tensor y = detail::embed(tgt_tok, tgt_position_table(), decoder_embed, decoder_pos_embed, decoder_input, offset);
     for (std::size_t l = 0; l < decoder.size(); ++l)
       y = decoder[l]->forward(y, cache.memory, cache.source_padding, false, nullptr, nullptr, &cache.self[l], &cache.cross[l]);
-    return head(ln_f(y));
+    return head(ln_final_normalized(ln_final(y)));
   } catch (...) {
     cache = before;
     throw;
@@ -279,46 +246,17 @@ Tensor EncoderDecoder::loss(const EncoderDecoderOutput& f, const IndexArray& tar
   return cross_entropy(reshape(f.logits, {-1, classes}), flat, ignore_index);
 }
 
-std::vector<HookPoints*> EncoderDecoder::hook_points() {
-  std::vector<HookPoints*> out = {&encoder_hooks_};
-  for (const auto& b : encoder) out.insert(out.end(), {&b->hooks, &b->attn.hooks});
-  out.push_back(&decoder_hooks_);
-  for (const auto& b : decoder) out.insert(out.end(), {&b->hooks, &b->self_attn.hooks, &b->cross_attn.hooks});
-  return out;
+EncoderDecoderOutput EncoderDecoder::run_with_hooks(const IndexArray& source, const IndexArray& decoder_input,
+                                                    const NamedHooks& hooks, bool need_weights,
+                                                    const MaskArray& source_padding) {
+  return with_hooks(hooks, [&] { return forward(source, decoder_input, need_weights, source_padding); });
 }
 
-std::vector<std::string> EncoderDecoder::hook_names() const {
-  // In the order a forward reaches them: a block's attention points after its hook_resid_pre, the
-  // decoder's cross-attention points after its hook_attn_out.
-  std::vector<std::string> names = encoder_hooks_.names();
-  const auto append = [&](const std::vector<std::string>& v, std::size_t from, std::size_t to) {
-    names.insert(names.end(), v.begin() + std::ptrdiff_t(from), v.begin() + std::ptrdiff_t(to));
-  };
-  for (const auto& b : encoder) {
-    const auto own = b->hooks.names(), attn = b->attn.hooks.names();
-    append(own, 0, points_before_attention);
-    append(attn, 0, attn.size());
-    append(own, points_before_attention, own.size());
-  }
-  const auto decoder_own = decoder_hooks_.names();
-  append(decoder_own, 0, decoder_own.size());
-  for (const auto& b : decoder) {
-    const auto own = b->hooks.names(), self = b->self_attn.hooks.names(), cross = b->cross_attn.hooks.names();
-    append(own, 0, points_before_attention);
-    append(self, 0, self.size());
-    append(own, points_before_attention, points_before_cross_attention);
-    append(cross, 0, cross.size());
-    append(own, points_before_cross_attention, own.size());
-  }
-  return names;
-}
-
-void EncoderDecoder::add_hook(const std::string& name, ForwardHook hook) {
-  nn::add_hook(hook_points(), name, std::move(hook), "EncoderDecoder", hook_names());
-}
-
-void EncoderDecoder::reset_hooks() {
-  for (HookPoints* points : hook_points()) points->clear();
+EncoderDecoderCache EncoderDecoder::run_with_cache(const IndexArray& source, const IndexArray& decoder_input,
+                                                   const HookFilter& keep, const MaskArray& source_padding) {
+  EncoderDecoderCache cache;
+  cache.output = run_with_hooks(source, decoder_input, caching_hooks(cache, keep), false, source_padding);
+  return cache;
 }
 
 }  // namespace qkv::nn

@@ -3,7 +3,7 @@
 //
 //   source (B, S) → embedding + positions → encoder blocks            → memory (B, S, d_model)
 //     encoder block:  x = x + self_attn(ln1(x))          (bidirectional; padding keys masked)
-//   target (B, T) → embedding + positions → decoder blocks → ln_f → head → logits (B, T, tgt_vocab)
+//   target (B, T) → embedding + positions → decoder blocks → ln_final → head → logits (B, T, tgt_vocab)
 //     decoder block:  y = y + self_attn(ln1(y))          (causal)
 //                     y = y + cross_attn(ln_cross(y), memory)   (queries from the decoder, keys
 //                                                                and values from the encoder)
@@ -17,10 +17,13 @@
 //   auto out = model.forward(source, decoder_input);   // out.logits (B, T, tgt_vocab)
 //   Tensor loss = model.loss(out, targets);             // cross-entropy, -100 ignored
 //
-// Parameter names: src_tok.weight, tgt_tok.weight, src_pos.weight, tgt_pos.weight (learned
-// positions), encoder.L.ln1.*, encoder.L.attn.{q,k,v,out}_proj.*, decoder.L.ln1.*,
-// decoder.L.self_attn.*, decoder.L.ln_cross.*, decoder.L.cross_attn.*, {encoder,decoder}.L.{ln2,fc,proj}.*
-// with the MLP, ln_enc.* (the memory's LayerNorm), ln_f.*, head.*.
+// Parameter names, on the same paths as its hook points: src_tok.weight, tgt_tok.weight,
+// src_pos.weight, tgt_pos.weight (learned positions), encoder.blocks.L.ln1.*,
+// encoder.blocks.L.attn.{q,k,v,out}_proj.*, decoder.blocks.L.ln1.*, decoder.blocks.L.attn.* (the
+// self-attention), decoder.blocks.L.ln_cross.*, decoder.blocks.L.cross_attn.*,
+// {encoder,decoder}.blocks.L.ln2.* and .mlp.{fc,proj}.* with the MLP, ln_enc.* (the memory's
+// LayerNorm), ln_final.*, head.*. Runs saved before these names (encoder.L.*, decoder.L.self_attn.*,
+// ln_f.*) load as they were (nn::load_weights renames them).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,20 +72,16 @@ std::string to_json(const EncoderDecoderConfig& config);
 EncoderDecoderConfig parse_encoder_decoder_config(std::string_view json, const std::string& file,
                                                   const std::string& prefix = "");
 
-class DecoderBlock : public Module {
+class DecoderBlock : public ResidualBlock {
  public:
   DecoderBlock(const EncoderDecoderConfig& config, Generator& gen);
-  LayerNorm ln1;
-  MultiHeadAttention self_attn;
+  MultiHeadAttention self_attn;  // its points and weights are named decoder.blocks.L.attn.*
   LayerNorm ln_cross;
   MultiHeadAttention cross_attn;
-  std::unique_ptr<LayerNorm> ln2;  // with the MLP
-  std::unique_ptr<Linear> fc, proj;
-  // hook_resid_pre, ln1.hook_normalized, hook_attn_out, ln_cross.hook_normalized,
-  // hook_cross_attn_out, with the MLP hook_resid_mid, ln2.hook_normalized, mlp.hook_pre,
-  // mlp.hook_post and hook_mlp_out, then hook_resid_post (B, T, width); named
-  // decoder.blocks.L.hook_resid_pre …
-  HookPoints hooks;
+  // After ResidualBlock's hook_resid_pre and ln1.hook_normalized and the self-attention's points:
+  // hook_attn_out, ln_cross.hook_normalized, the cross-attention's points, hook_cross_attn_out;
+  // then ResidualBlock's MLP points and hook_resid_post.
+  HookPoint hook_attn_out, ln_cross_normalized, hook_cross_attn_out;
 
   // The block on the decoder's stream y (B, T, d_model) with the encoder's memory (B, S, d_model):
   // y + self_attn(ln1(y)) (causal), y + cross_attn(ln_cross(y), memory), then the MLP. With
@@ -110,6 +109,11 @@ struct EncoderDecoderOutput {
   std::vector<AttentionResult> encoder_attention, decoder_attention, cross_attention;
 };
 
+// What EncoderDecoder::run_with_cache returns: the forward's output and the activations kept.
+struct EncoderDecoderCache : Activations {
+  EncoderDecoderOutput output;
+};
+
 class EncoderDecoder : public Module {
  public:
   // Checks the config (ConfigError), then draws the parameters from `gen`.
@@ -135,17 +139,22 @@ class EncoderDecoder : public Module {
   // ignore_index.
   Tensor loss(const EncoderDecoderOutput& output, const IndexArray& targets, std::int64_t ignore_index = -100) const;
 
-  // Hook points in the order a forward reaches them: encoder.hook_embed, encoder.hook_pos_embed,
-  // per encoder layer a Transformer block's (encoder.blocks.L.hook_resid_pre,
-  // encoder.blocks.L.ln1.hook_normalized, encoder.blocks.L.attn.hook_q … hook_z, …); then
+  // Hook points in the order a forward reaches them (Module::hook_names lists them, add_hook and
+  // reset_hooks hook them): encoder.hook_embed, encoder.hook_pos_embed, per encoder layer a
+  // Transformer block's (encoder.blocks.L.hook_resid_pre, encoder.blocks.L.ln1.hook_normalized,
+  // encoder.blocks.L.attn.hook_q … hook_z, …), ln_enc.hook_normalized (the memory); then
   // decoder.hook_embed, decoder.hook_pos_embed, per decoder layer decoder.blocks.L.hook_resid_pre,
   // ln1.hook_normalized, attn.hook_q … hook_z (its self-attention), hook_attn_out,
   // ln_cross.hook_normalized, cross_attn.hook_q … hook_z (keys and values from the memory),
-  // hook_cross_attn_out, the MLP's points and hook_resid_post.
-  std::vector<std::string> hook_names() const;
-  // Adds `hook` to the point `name`; std::invalid_argument naming it when there is none.
-  void add_hook(const std::string& name, ForwardHook hook);
-  void reset_hooks();
+  // hook_cross_attn_out, the MLP's points and hook_resid_post; last ln_final.hook_normalized.
+  //
+  // forward with `hooks` added for this call only (after the model's own); a name that is no
+  // point is an error before anything runs.
+  EncoderDecoderOutput run_with_hooks(const IndexArray& source, const IndexArray& decoder_input, const NamedHooks& hooks,
+                                      bool need_weights = false, const MaskArray& source_padding = MaskArray());
+  // forward, keeping the activation at every hook point `keep` keeps (all without it).
+  EncoderDecoderCache run_with_cache(const IndexArray& source, const IndexArray& decoder_input,
+                                     const HookFilter& keep = {}, const MaskArray& source_padding = MaskArray());
 
   const EncoderDecoderConfig& config() const { return config_; }
   Tensor src_position_table() const;  // (max_src_len, d_model)
@@ -157,13 +166,15 @@ class EncoderDecoder : public Module {
   std::vector<std::unique_ptr<TransformerBlock>> encoder;
   LayerNorm ln_enc;
   std::vector<std::unique_ptr<DecoderBlock>> decoder;
-  LayerNorm ln_f;
+  LayerNorm ln_final;
   Linear head;
+  HookPoint encoder_embed, encoder_pos_embed, ln_enc_normalized, decoder_embed, decoder_pos_embed, ln_final_normalized;
+
+ protected:
+  const char* type_name() const override { return "EncoderDecoder"; }
 
  private:
-  std::vector<HookPoints*> hook_points();
   EncoderDecoderConfig config_;
-  HookPoints encoder_hooks_, decoder_hooks_;  // {encoder,decoder}.hook_embed, .hook_pos_embed
 };
 
 // DIR/config.json as {"model": CONFIG}, written atomically; its "model" field back

@@ -85,12 +85,10 @@ double parameter_count(const TransformerConfig& c) {
 }
 
 nlohmann::json detail::transformer_config_json(const TransformerConfig& c) {
-  return {{"vocab_size", c.vocab_size}, {"n_classes", c.n_classes}, {"max_len", c.max_len},
-          {"readout", name_of(c.readout)}, {"causal", c.causal}, {"layers", c.layers}, {"d_model", c.d_model},
-          {"heads", c.heads}, {"d_head", c.d_head}, {"kv_heads", c.kv_heads}, {"qk", name_of(c.qk)},
-          {"proj", name_of(c.proj)}, {"scale", c.scale}, {"mlp", c.mlp},
-          {"embeddings", c.frozen_embeddings ? "frozen" : "learned"}, {"positions", name_of(c.positions)},
-          {"causal_layers", c.causal_layers}};
+  nlohmann::json j = config_json(c);
+  j["embeddings"] = c.frozen_embeddings ? "frozen" : "learned";
+  j["causal_layers"] = c.causal_layers;
+  return j;
 }
 
 std::string to_json(const TransformerConfig& c) { return detail::transformer_config_json(c).dump(); }
@@ -104,24 +102,10 @@ TransformerConfig detail::read_transformer_config(const nlohmann::json& j, const
   const detail::FieldReader m(j, file, prefix);
   if (m.has("encoder_layers"))
     m.fail_at("encoder_layers", "belongs to an encoder-decoder's config: load_encoder_decoder reads it");
-  constexpr std::uint64_t most = TransformerConfig::max_width;
   TransformerConfig c;
-  c.vocab_size = m.count("vocab_size", 1, most);
-  c.n_classes = m.count("n_classes", 0, most);
-  c.max_len = m.count("max_len", 1, most);
-  c.readout = detail::parse_enum(m, "readout", all_readouts);
-  c.causal = m.flag("causal");
-  c.layers = m.count("layers", 1, TransformerConfig::max_layers);
-  c.d_model = m.count("d_model", 1, most);
-  c.heads = m.count("heads", 1, most);
-  c.d_head = m.count("d_head", 0, most);
-  c.kv_heads = m.count("kv_heads", 0, most);
-  c.qk = detail::parse_enum(m, "qk", all_qk);
-  c.proj = detail::parse_enum(m, "proj", all_projections);
-  c.scale = m.flag("scale");
-  c.mlp = m.flag("mlp");
+  FieldLoader loader{m};
+  config_fields(c, loader);
   c.frozen_embeddings = m.choice("embeddings", {"learned", "frozen"}) == "frozen";
-  if (m.has("positions")) c.positions = detail::parse_enum(m, "positions", all_positions);  // absent from older runs
   if (m.has("causal_layers")) {
     const nlohmann::json& v = m.at("causal_layers");
     if (!v.is_array() || v.size() > TransformerConfig::max_layers ||
@@ -138,64 +122,75 @@ TransformerConfig detail::read_transformer_config(const nlohmann::json& j, const
   return c;
 }
 
-namespace {
-
-// A block's points before its attention's (hook_resid_pre, ln1.hook_normalized); the rest come after.
-constexpr std::size_t block_points_before_attention = 2;
-
-std::vector<std::string> block_hook_names(bool mlp) {
-  std::vector<std::string> names = {"hook_resid_pre", "ln1.hook_normalized", "hook_attn_out"};
-  if (mlp) for (const std::string& n : detail::mlp_hook_names()) names.push_back(n);
-  names.push_back("hook_resid_post");
-  return names;
+MLP::MLP(std::size_t d_model, DType dtype, Generator& gen)
+    : fc(d_model, 4 * d_model, true, dtype, gen), proj(4 * d_model, d_model, true, dtype, gen) {
+  register_module("fc", fc);
+  register_hook("hook_pre", hook_pre);
+  register_hook("hook_post", hook_post);
+  register_module("proj", proj);
 }
 
-// The model's points before its blocks' (hook_embed, hook_pos_embed); the rest come after.
-constexpr std::size_t model_points_before_blocks = 2;
+Tensor MLP::forward(const Tensor& x) const { return proj(hook_post(gelu(hook_pre(fc(x))))); }
 
-std::vector<std::string> model_hook_names(Readout readout) {
-  std::vector<std::string> names = {"hook_embed", "hook_pos_embed"};
-  if (readout == Readout::token) names.push_back("ln_final.hook_normalized");
-  return names;
+ResidualBlock::ResidualBlock(std::size_t d_model, DType dtype) : ln1(d_model, 1e-5, true, dtype) {}
+
+void ResidualBlock::register_input() {
+  register_hook("hook_resid_pre", hook_resid_pre);
+  register_module("ln1", ln1);
+  register_hook("ln1.hook_normalized", ln1_normalized);
 }
 
-}  // namespace
+void ResidualBlock::register_output(bool with_mlp, std::size_t d_model, DType dtype, Generator& gen) {
+  if (with_mlp) {
+    ln2 = std::make_unique<LayerNorm>(d_model, 1e-5, true, dtype);
+    mlp = std::make_unique<MLP>(d_model, dtype, gen);
+    register_hook("hook_resid_mid", hook_resid_mid);
+    register_module("ln2", *ln2);
+    register_hook("ln2.hook_normalized", ln2_normalized);
+    register_module("mlp", *mlp);
+    register_hook("hook_mlp_out", hook_mlp_out);
+  }
+  register_hook("hook_resid_post", hook_resid_post);
+}
+
+Tensor ResidualBlock::output(const Tensor& x_in) const {
+  if (!mlp) return hook_resid_post(x_in);
+  const Tensor x = hook_resid_mid(x_in);
+  return hook_resid_post(x + hook_mlp_out((*mlp)(ln2_normalized((*ln2)(x)))));
+}
 
 TransformerBlock::TransformerBlock(const TransformerConfig& c, Generator& gen)
-    : ln1(c.d_model, 1e-5, true, c.dtype), attn(detail::attention_options(c), gen), hooks(block_hook_names(c.mlp)) {
-  register_module("ln1", ln1);
+    : ResidualBlock(c.d_model, c.dtype), attn(detail::attention_options(c), gen) {
+  register_input();
   register_module("attn", attn);
-  if (c.mlp) {
-    detail::make_mlp(c.d_model, c.dtype, gen, ln2, fc, proj);
-    register_module("ln2", *ln2);
-    register_module("fc", *fc);
-    register_module("proj", *proj);
-  }
+  register_hook("hook_attn_out", hook_attn_out);
+  register_output(c.mlp, c.d_model, c.dtype, gen);
 }
 
 Tensor TransformerBlock::forward(const Tensor& x_in, const AttentionMask& mask, bool need_weights, AttentionResult* attention,
                                  Tensor* input, KVCache* cache) const {
-  Tensor x = hooks.run("hook_resid_pre", x_in);
-  const Tensor normalized = hooks.run("ln1.hook_normalized", ln1(x));
+  const Tensor x = hook_resid_pre(x_in);
+  const Tensor normalized = ln1_normalized(ln1(x));
   AttentionResult r = attn.forward(normalized, mask, need_weights, cache);
-  r.output = hooks.run("hook_attn_out", r.output);
-  x = detail::mlp_residual(x + r.output, ln2.get(), fc.get(), proj.get(), hooks);
+  r.output = hook_attn_out(r.output);
+  const Tensor out = output(x + r.output);
   if (attention) *attention = std::move(r);
   if (input) *input = normalized;
-  return hooks.run("hook_resid_post", x);
+  return out;
 }
 
 namespace detail {
 
-Tensor embed(const Embedding& tok, const Tensor& table, const HookPoints& hooks, const IndexArray& tokens, std::size_t offset) {
+Tensor embed(const Embedding& tok, const Tensor& table, const HookPoint& embed, const HookPoint& pos_embed,
+             const IndexArray& tokens, std::size_t offset) {
   const std::size_t T = tokens.shape()[1];
   Tensor positions = slice(table, 0, std::int64_t(offset), std::int64_t(offset + T));  // (T, D), added to every sequence
-  if (!hooks.empty()) {  // a hook sees them per sequence, (B, T, D), as TransformerLens shows them
+  if (!pos_embed.empty()) {  // a hook sees them per sequence, (B, T, D), as TransformerLens shows them
     const std::vector<Tensor> copies(tokens.shape()[0], reshape(positions, {1, std::int64_t(T), -1}));
     positions = concat(copies, 0);
   }
-  const Tensor embedded = hooks.run("hook_embed", tok(tokens));  // before hook_pos_embed, in this order
-  return embedded + hooks.run("hook_pos_embed", positions);
+  const Tensor embedded = embed(tok(tokens));  // before pos_embed, in this order
+  return embedded + pos_embed(positions);
 }
 
 MultiHeadAttentionOptions attention_options(const TransformerConfig& c) {
@@ -211,31 +206,14 @@ MultiHeadAttentionOptions attention_options(const TransformerConfig& c) {
   return o;
 }
 
-void make_mlp(std::size_t d_model, DType dtype, Generator& gen, std::unique_ptr<LayerNorm>& ln2, std::unique_ptr<Linear>& fc,
-              std::unique_ptr<Linear>& proj) {
-  ln2 = std::make_unique<LayerNorm>(d_model, 1e-5, true, dtype);
-  fc = std::make_unique<Linear>(d_model, 4 * d_model, true, dtype, gen);
-  proj = std::make_unique<Linear>(4 * d_model, d_model, true, dtype, gen);
-}
-
-std::vector<std::string> mlp_hook_names() {
-  return {"hook_resid_mid", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out"};
-}
-
-Tensor mlp_residual(const Tensor& x_in, const LayerNorm* ln2, const Linear* fc, const Linear* proj, const HookPoints& h) {
-  if (!fc) return x_in;
-  const Tensor x = h.run("hook_resid_mid", x_in);
-  const Tensor pre = h.run("mlp.hook_pre", (*fc)(h.run("ln2.hook_normalized", (*ln2)(x))));
-  return x + h.run("hook_mlp_out", (*proj)(h.run("mlp.hook_post", gelu(pre))));
-}
-
 }  // namespace detail
 
 Transformer::Transformer(const TransformerConfig& c, Generator& gen)
     : tok(checked(c).vocab_size, c.d_model, c.dtype, gen),
-      ln_f(c.d_model, 1e-5, true, c.dtype),
-      config_(c),
-      hooks_(model_hook_names(c.readout)) {
+      ln_final(c.d_model, 1e-5, true, c.dtype),
+      config_(c) {
+  register_hook("hook_embed", hook_embed);
+  register_hook("hook_pos_embed", hook_pos_embed);
   register_module("tok", tok);
   if (c.positions == Positions::learned) {
     pos = std::make_unique<LearnedPositionalEncoding>(c.max_len, c.d_model, c.dtype, gen);
@@ -245,17 +223,16 @@ Transformer::Transformer(const TransformerConfig& c, Generator& gen)
   }
   for (std::size_t l = 0; l < c.layers; ++l) {
     blocks.push_back(std::make_unique<TransformerBlock>(c, gen));
-    register_module("layers." + std::to_string(l), *blocks.back());
-    blocks.back()->hooks.set_prefix(fmt::format("blocks.{}.", l));
-    blocks.back()->attn.hooks.set_prefix(fmt::format("blocks.{}.attn.", l));
+    register_module("blocks." + std::to_string(l), *blocks.back());
   }
-  register_module("ln_f", ln_f);
-  if (c.readout == Readout::token) {
+  register_module("ln_final", ln_final);
+  if (c.readout == Readout::token) {  // the pointer readout reads the last attention's scores, not ln_final
+    register_hook("ln_final.hook_normalized", ln_final_normalized);
     head = std::make_unique<Linear>(c.d_model, c.n_classes, true, c.dtype, gen);
     register_module("head", *head);
   }
   if (c.frozen_embeddings) {
-    std::vector<Module*> frozen{&tok, &ln_f};
+    std::vector<Module*> frozen{&tok, &ln_final};
     if (pos) frozen.push_back(pos.get());
     for (const auto& b : blocks) {
       frozen.push_back(&b->ln1);
@@ -303,7 +280,7 @@ TransformerOutput Transformer::run(const IndexArray& tokens, bool need_weights, 
   if (offset + T > config_.max_len)
     fail("Transformer", "positions {} to {} are beyond max_len {}", offset, offset + T, config_.max_len);
   TransformerOutput f;
-  Tensor x = detail::embed(tok, position_table(), hooks_, tokens, offset);
+  Tensor x = detail::embed(tok, position_table(), hook_embed, hook_pos_embed, tokens, offset);
   const bool pointer = config_.readout == Readout::pointer;
   AttentionMask mask{.key_padding = key_padding};  // one copy of the padding for every layer
   for (std::size_t l = 0; l < blocks.size(); ++l) {
@@ -317,80 +294,20 @@ TransformerOutput Transformer::run(const IndexArray& tokens, bool need_weights, 
     const Tensor& s = f.attention.back().scores;  // (B, H, T, T)
     f.logits = reshape(slice(s, 1, 0, 1), {std::int64_t(s.size(0)), std::int64_t(s.size(2)), std::int64_t(s.size(3))});
   } else {
-    f.logits = (*head)(hooks_.run("ln_final.hook_normalized", ln_f(x)));
+    f.logits = (*head)(ln_final_normalized(ln_final(x)));
   }
   return f;
 }
 
-std::vector<HookPoints*> Transformer::hook_points() {
-  std::vector<HookPoints*> out = {&hooks_};
-  for (const auto& b : blocks) out.insert(out.end(), {&b->hooks, &b->attn.hooks});
-  return out;
+TransformerOutput Transformer::run_with_hooks(const IndexArray& tokens, const NamedHooks& hooks, bool need_weights,
+                                              const MaskArray& key_padding) {
+  return with_hooks(hooks, [&] { return forward(tokens, need_weights, key_padding); });
 }
 
-std::vector<std::string> Transformer::hook_names() const {
-  const std::vector<std::string> own = hooks_.names();
-  const auto model_split = own.begin() + model_points_before_blocks;
-  std::vector<std::string> names(own.begin(), model_split);
-  for (const auto& b : blocks) {
-    const std::vector<std::string> block = b->hooks.names(), attn = b->attn.hooks.names();
-    const auto block_split = block.begin() + block_points_before_attention;
-    names.insert(names.end(), block.begin(), block_split);
-    names.insert(names.end(), attn.begin(), attn.end());
-    names.insert(names.end(), block_split, block.end());
-  }
-  names.insert(names.end(), model_split, own.end());
-  return names;
-}
-
-void Transformer::add_hook(const std::string& name, ForwardHook hook) {
-  nn::add_hook(hook_points(), name, std::move(hook), "Transformer", hook_names());
-}
-
-void Transformer::reset_hooks() {
-  for (HookPoints* points : hook_points()) points->clear();
-}
-
-TransformerOutput Transformer::run_with_hooks(const IndexArray& tokens,
-                                              const std::vector<std::pair<std::string, ForwardHook>>& hooks,
-                                              bool need_weights, const MaskArray& key_padding) {
-  // The hooks go after the model's own at each point; however the forward ends, each point is cut
-  // back to the hooks it had.
-  struct Restore {
-    std::vector<std::pair<HookPoints*, std::size_t>> sizes;
-    ~Restore() {
-      for (const auto& [points, n] : sizes) points->truncate(n);
-    }
-  } restore;
-  for (HookPoints* points : hook_points()) restore.sizes.emplace_back(points, points->size());
-  for (const auto& [name, hook] : hooks) add_hook(name, hook);
-  return forward(tokens, need_weights, key_padding);
-}
-
-ActivationCache Transformer::run_with_cache(const IndexArray& tokens, const std::function<bool(const std::string&)>& keep,
-                                            const MaskArray& key_padding) {
+ActivationCache Transformer::run_with_cache(const IndexArray& tokens, const HookFilter& keep, const MaskArray& key_padding) {
   ActivationCache cache;
-  std::vector<std::pair<std::string, ForwardHook>> hooks;
-  for (const std::string& name : hook_names())
-    if (!keep || keep(name))
-      hooks.emplace_back(name, [&cache](const Tensor& value, const std::string& point) {
-        cache.activations.emplace_back(point, value.detach());
-        return value;
-      });
-  cache.output = run_with_hooks(tokens, hooks, false, key_padding);
+  cache.output = run_with_hooks(tokens, caching_hooks(cache, keep), false, key_padding);
   return cache;
-}
-
-const Tensor& ActivationCache::operator[](const std::string& name) const {
-  for (const auto& [point, value] : activations)
-    if (point == name) return value;
-  std::vector<std::string> names;
-  for (const auto& a : activations) names.push_back(a.first);
-  fail("ActivationCache", "no activation '{}' (it has {})", name, fmt::join(names, ", "));
-}
-
-bool ActivationCache::contains(const std::string& name) const {
-  return std::any_of(activations.begin(), activations.end(), [&](const auto& a) { return a.first == name; });
 }
 
 Tensor Transformer::loss(const TransformerOutput& f, const IndexArray& targets, std::int64_t ignore_index) const {

@@ -5,7 +5,7 @@
 //   block:  x = x + attn(ln1(x))            (pre-LayerNorm, residual)
 //           x = x + proj(gelu(fc(ln2(x))))  (with the MLP: d_model → 4·d_model → d_model)
 //
-// Two readouts: `token` (ln_f, then a Linear head to n_classes logits at every position) and
+// Two readouts: `token` (ln_final, then a Linear head to n_classes logits at every position) and
 // `pointer` (the last layer's head-0 attention scores before softmax: a distribution over key
 // positions, for tasks whose answer is a position, as a closing bracket's opener).
 //
@@ -14,9 +14,11 @@
 //   auto out = model.forward(tokens);           // out.logits (B, T, n_classes)
 //   Tensor loss = model.loss(out, targets);     // cross-entropy, -100 ignored
 //
-// Parameter names (its state_dict): tok.weight, pos.weight (learned positions), layers.L.ln1.{weight,bias},
-// layers.L.attn.{q,k,v,out}_proj.{weight,bias}, layers.L.{ln2,fc,proj}.* with the MLP,
-// ln_f.{weight,bias}, head.{weight,bias} for the token readout.
+// Parameter names (its state_dict), on the same paths as its hook points: tok.weight, pos.weight
+// (learned positions), blocks.L.ln1.{weight,bias}, blocks.L.attn.{q,k,v,out}_proj.{weight,bias},
+// blocks.L.ln2.* and blocks.L.mlp.{fc,proj}.* with the MLP, ln_final.{weight,bias},
+// head.{weight,bias} for the token readout. Runs saved before these names (layers.L.*, ln_f.*)
+// load as they were (nn::load_weights renames them).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -115,17 +117,45 @@ std::vector<std::string> names_of(const E (&values)[N]) {
   return names;
 }
 
-class TransformerBlock : public Module {
+// A block's MLP: proj(gelu(fc(x))), fc d_model → 4·d_model and proj back, through its points
+// hook_pre (fc's output) and hook_post (after GELU), (B, T, 4·d_model) each.
+class MLP : public Module {
+ public:
+  MLP(std::size_t d_model, DType dtype, Generator& gen);
+  Tensor forward(const Tensor& x) const;
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+  Linear fc, proj;
+  HookPoint hook_pre, hook_post;
+};
+
+// What the blocks of both models share: the residual stream's points and the LayerNorm before
+// the first attention, and the MLP after the attention(s):
+//   hook_resid_pre, ln1.hook_normalized, … the block's attention(s) …, then with the MLP
+//   hook_resid_mid, ln2.hook_normalized, mlp.hook_pre, mlp.hook_post, hook_mlp_out, and last
+//   hook_resid_post: each (B, T, width).
+class ResidualBlock : public Module {
+ public:
+  LayerNorm ln1;
+  std::unique_ptr<LayerNorm> ln2;  // with the MLP
+  std::unique_ptr<MLP> mlp;
+  HookPoint hook_resid_pre, ln1_normalized, hook_resid_mid, ln2_normalized, hook_mlp_out, hook_resid_post;
+
+ protected:
+  ResidualBlock(std::size_t d_model, DType dtype);
+  // Registers hook_resid_pre, ln1 and ln1.hook_normalized: before the block's attention.
+  void register_input();
+  // With `mlp`, draws the MLP from `gen` and registers hook_resid_mid, ln2, ln2.hook_normalized,
+  // mlp and hook_mlp_out; then hook_resid_post.
+  void register_output(bool mlp, std::size_t d_model, DType dtype, Generator& gen);
+  // x + mlp(ln2(x)) through the points (x without the MLP), then hook_resid_post.
+  Tensor output(const Tensor& x) const;
+};
+
+class TransformerBlock : public ResidualBlock {
  public:
   TransformerBlock(const TransformerConfig& config, Generator& gen);
-  LayerNorm ln1;
   MultiHeadAttention attn;
-  std::unique_ptr<LayerNorm> ln2;  // with the MLP
-  std::unique_ptr<Linear> fc, proj;
-  // hook_resid_pre, ln1.hook_normalized, hook_attn_out, with the MLP hook_resid_mid,
-  // ln2.hook_normalized, mlp.hook_pre (fc's output), mlp.hook_post (after GELU) and hook_mlp_out,
-  // then hook_resid_post: each (B, T, width). A Transformer names them blocks.L.hook_resid_pre …
-  HookPoints hooks;
+  HookPoint hook_attn_out;  // the attention's output, after ln1.hook_normalized and attn.hook_q … hook_z
 
   // The block on the residual stream x (B, T, d_model), through its hooks: x + attn(ln1(x)), then
   // x + mlp(ln2(x)) with the MLP. `attention` receives the attention's result, `input` what it
@@ -139,17 +169,9 @@ namespace detail {
 // The options of a block's attention.
 MultiHeadAttentionOptions attention_options(const TransformerConfig& config);
 // Token embeddings plus rows offset … offset + T − 1 of the position table, through the points
-// hook_embed and hook_pos_embed of `hooks` (which see the positions per sequence, (B, T, D)).
-Tensor embed(const Embedding& tok, const Tensor& table, const HookPoints& hooks, const IndexArray& tokens,
-             std::size_t offset = 0);
-// x + proj(gelu(fc(ln2(x)))) through the points hook_resid_mid, ln2.hook_normalized, mlp.hook_pre,
-// mlp.hook_post and hook_mlp_out of `hooks`; x itself without the MLP (fc null).
-Tensor mlp_residual(const Tensor& x, const LayerNorm* ln2, const Linear* fc, const Linear* proj, const HookPoints& hooks);
-// The hook points of a block's MLP, in order.
-std::vector<std::string> mlp_hook_names();
-// A block's MLP: ln2, fc (d_model → 4·d_model) and proj (back), drawn from `gen`.
-void make_mlp(std::size_t d_model, DType dtype, Generator& gen, std::unique_ptr<LayerNorm>& ln2, std::unique_ptr<Linear>& fc,
-              std::unique_ptr<Linear>& proj);
+// `embed` and `pos_embed` (which see the positions per sequence, (B, T, D)).
+Tensor embed(const Embedding& tok, const Tensor& table, const HookPoint& embed, const HookPoint& pos_embed,
+             const IndexArray& tokens, std::size_t offset = 0);
 }  // namespace detail
 
 // What Transformer::run_with_cache returns: the forward's output, and the activation at each hook
@@ -190,23 +212,22 @@ class Transformer : public Module {
 
   const TransformerConfig& config() const { return config_; }
 
-  // Hook points (hooks.hpp), as TransformerLens names them, in the order a forward reaches them:
-  // hook_embed and hook_pos_embed (B, T, d_model), then per layer L the block's points blocks.L.hook_resid_pre … with the
-  // attention's blocks.L.attn.hook_q … hook_z after blocks.L.ln1.hook_normalized (see
-  // TransformerBlock and MultiHeadAttention), and, with the token readout,
-  // ln_final.hook_normalized.
-  std::vector<std::string> hook_names() const;
-  // Adds `hook` to the point `name`; std::invalid_argument naming it when there is none.
-  void add_hook(const std::string& name, ForwardHook hook);
-  // Removes every hook.
-  void reset_hooks();
-  // forward with `hooks` added for this call only (the model's own hooks run first).
-  TransformerOutput run_with_hooks(const IndexArray& tokens, const std::vector<std::pair<std::string, ForwardHook>>& hooks,
-                                   bool need_weights = false, const MaskArray& key_padding = MaskArray());
-  // forward, keeping the activation at every hook point whose name `keep` accepts (all without
-  // it), as the model goes on with it (after the model's own hooks). Attention runs op by op
-  // while hooked, so in float32 the output may differ from forward's in the last bits.
-  ActivationCache run_with_cache(const IndexArray& tokens, const std::function<bool(const std::string&)>& keep = {},
+  // Hook points (hooks.hpp), as TransformerLens names them, in the order a forward reaches them
+  // (Module::hook_names lists them, add_hook and reset_hooks hook them): hook_embed and
+  // hook_pos_embed (B, T, d_model), then per layer L the block's points blocks.L.hook_resid_pre,
+  // blocks.L.ln1.hook_normalized, the attention's blocks.L.attn.hook_q … hook_z, blocks.L.hook_attn_out
+  // and so on (see ResidualBlock, TransformerBlock and MultiHeadAttention), and, with the token
+  // readout, ln_final.hook_normalized.
+  //
+  // forward with `hooks` added for this call only (the model's own hooks run first); a name that
+  // is no point is an error before anything runs.
+  TransformerOutput run_with_hooks(const IndexArray& tokens, const NamedHooks& hooks, bool need_weights = false,
+                                   const MaskArray& key_padding = MaskArray());
+  // forward, keeping the activation at every hook point `keep` keeps (all without it: a predicate
+  // on the name or a list of names), as the model goes on with it (after the model's own hooks).
+  // Attention runs op by op while hooked, so in float32 the output may differ from forward's in
+  // the last bits.
+  ActivationCache run_with_cache(const IndexArray& tokens, const HookFilter& keep = {},
                                  const MaskArray& key_padding = MaskArray());
 
   // The table of positions added to the token embeddings, (max_len, d_model): pos.weight, or the
@@ -217,23 +238,21 @@ class Transformer : public Module {
   std::unique_ptr<LearnedPositionalEncoding> pos;           // learned positions
   std::unique_ptr<SinusoidalPositionalEncoding> sinusoids;  // fixed positions
   std::vector<std::unique_ptr<TransformerBlock>> blocks;
-  LayerNorm ln_f;
+  LayerNorm ln_final;
   std::unique_ptr<Linear> head;  // token readout only
+  HookPoint hook_embed, hook_pos_embed, ln_final_normalized;
+
+ protected:
+  const char* type_name() const override { return "Transformer"; }
 
  private:
-  std::vector<HookPoints*> hook_points();  // the model's, each block's and each attention's
   TransformerConfig config_;
-  HookPoints hooks_;  // hook_embed, hook_pos_embed, ln_final.hook_normalized
   TransformerOutput run(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding,
                         std::vector<KVCache>* cache) const;
 };
 
-struct ActivationCache {
+struct ActivationCache : Activations {
   TransformerOutput output;
-  std::vector<std::pair<std::string, Tensor>> activations;
-  // The activation at hook point `name`; std::invalid_argument naming it when the cache has none.
-  const Tensor& operator[](const std::string& name) const;
-  bool contains(const std::string& name) const;
 };
 
 // DIR/config.json as {"model": CONFIG}, written atomically.

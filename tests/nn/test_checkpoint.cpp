@@ -11,6 +11,9 @@
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/nn/layers.hpp"
+#include "qkv/nn/safetensors.hpp"
+#include "qkv/nn/seq2seq.hpp"
+#include "qkv/nn/transformer.hpp"
 
 using namespace qkv;
 using namespace qkv::nn;
@@ -188,4 +191,80 @@ TEST_CASE("replace_folder swaps a new folder in and removes the old one") {
   CHECK(read_file(parent + "/run/new", 100) == "new");
   CHECK_FALSE(fs::exists(parent + "/run/old"));
   CHECK_FALSE(fs::exists(parent + "/run.new"));
+}
+
+namespace {
+
+// A name as runs saved it before weights were named on the paths of the hook points.
+std::string older_name(std::string name) {
+  const auto swap = [&](const std::string& from, const std::string& to) {
+    const auto at = name.find(from);
+    if (at != std::string::npos) name.replace(at, from.size(), to);
+  };
+  swap("mlp.fc.", "fc.");
+  swap("mlp.proj.", "proj.");
+  if (name.rfind("blocks.", 0) == 0) name.replace(0, 7, "layers.");
+  swap("encoder.blocks.", "encoder.");
+  if (name.rfind("decoder.blocks.", 0) == 0) {
+    name.replace(0, 15, "decoder.");
+    const auto dot = name.find('.', 8);
+    if (name.compare(dot, 6, ".attn.") == 0) name.replace(dot, 6, ".self_attn.");
+  }
+  if (name.rfind("ln_final.", 0) == 0) name.replace(0, 9, "ln_f.");
+  return name;
+}
+
+template <class Model, class Config>
+void check_loads_older_names(const Config& config) {
+  Generator gen(4), other(5);
+  const Model saved(config, gen);
+  StateDict older;
+  for (const auto& [name, t] : saved.state_dict()) older.emplace_back(older_name(name), t);
+  const std::string file = scratch("older-names") + "/model.safetensors";
+  save_safetensors(file, older);
+  Model loaded(config, other);
+  load_weights(load_safetensors(file), file, loaded);
+  const StateDict a = saved.state_dict(), b = loaded.state_dict();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].second.value<float>() == b[i].second.value<float>());
+}
+
+}  // namespace
+
+TEST_CASE("weights saved under the older names load into today's models") {
+  // Each older name, by hand, for the models with their MLP.
+  CHECK(older_name("blocks.1.mlp.fc.weight") == "layers.1.fc.weight");
+  CHECK(older_name("decoder.blocks.0.attn.q_proj.bias") == "decoder.0.self_attn.q_proj.bias");
+  CHECK(older_name("decoder.blocks.0.cross_attn.q_proj.bias") == "decoder.0.cross_attn.q_proj.bias");
+  CHECK(older_name("encoder.blocks.1.mlp.proj.weight") == "encoder.1.proj.weight");
+  check_loads_older_names<Transformer>(
+      TransformerConfig{.vocab_size = 5, .n_classes = 3, .max_len = 6, .layers = 2, .d_model = 8, .heads = 2, .mlp = true});
+  check_loads_older_names<EncoderDecoder>(EncoderDecoderConfig{.src_vocab = 5, .tgt_vocab = 6, .max_src_len = 4,
+                                                               .max_tgt_len = 5, .encoder_layers = 2, .decoder_layers = 2,
+                                                               .d_model = 8, .heads = 2, .mlp = true});
+
+  // A run's model.safetensors as the program wrote it before (a pointer model of one layer).
+  const std::string dir = QKV_FIXTURES "/older_names";
+  Generator gen(0);
+  Transformer model(load_config(dir), gen);
+  const Safetensors file = load_safetensors(dir + "/model.safetensors");
+  load_weights(file, dir + "/model.safetensors", model);
+  const StateDict state = model.state_dict();
+  REQUIRE(state.size() == file.tensors.size());
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    CHECK(older_name(state[i].first) == file.tensors[i].first);
+    CHECK(state[i].second.value<float>() == file.tensors[i].second.value<float>());
+  }
+
+  // A module of one's own whose weights are named layers.L.* loads as saved, renamed nothing.
+  struct Stack : Module {
+    Stack() { register_module("layers.0", a), register_module("blocks.0", b); }
+    Linear a{2, 3}, b{3, 2};
+  } mine, theirs;
+  CHECK(older_weight_names(mine.state_dict(), theirs).front().first == "layers.0.weight");
+  const std::string own = scratch("older-names-own") + "/model.safetensors";
+  save_safetensors(own, mine.state_dict());
+  load_weights(load_safetensors(own), own, theirs);
+  CHECK(theirs.a.weight.value<float>() == mine.a.weight.value<float>());
+  CHECK(theirs.b.weight.value<float>() == mine.b.weight.value<float>());
 }

@@ -199,9 +199,9 @@ TEST_CASE("hooks name a wrong point or a replacement of the wrong shape") {
 TEST_CASE("MultiHeadAttention's own hook points: the KV cache's keys are hooked as they arrive") {
   Generator gen(9);
   nn::MultiHeadAttention attn({.d_model = 8, .n_heads = 2, .dtype = DType::float64}, gen);
-  CHECK(attn.hooks.names() == std::vector<std::string>{"hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"});
+  CHECK(attn.hook_names() == std::vector<std::string>{"hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"});
   std::vector<Shape> keys;
-  attn.hooks.add("hook_k", [&](const Tensor& k, const std::string& name) {
+  attn.add_hook("hook_k", [&](const Tensor& k, const std::string& name) {
     CHECK(name == "hook_k");
     keys.push_back(k.shape());
     return k;
@@ -211,7 +211,7 @@ TEST_CASE("MultiHeadAttention's own hook points: the KV cache's keys are hooked 
   attn.forward(slice(x, 1, 0, 3), {.causal = true}, false, &cache);
   const Tensor last = attn.forward(slice(x, 1, 3, 4), {.causal = true}, false, &cache).output;
   CHECK(keys == std::vector<Shape>{{1, 3, 2, 4}, {1, 1, 2, 4}});
-  attn.hooks.clear();
+  attn.reset_hooks();
   check_close(last, values(slice(attn.forward(x, {.causal = true}).output, 1, 3, 4)), 1e-12);
 }
 
@@ -252,7 +252,7 @@ TEST_CASE("an unbatched MultiHeadAttention input is hooked with a batch of one, 
   Generator gen(13);
   nn::MultiHeadAttention attn({.d_model = 8, .n_heads = 2, .dtype = DType::float64}, gen);
   Shape seen;
-  attn.hooks.add("hook_z", [&](const Tensor& z, const std::string&) {
+  attn.add_hook("hook_z", [&](const Tensor& z, const std::string&) {
     seen = z.shape();
     return z;
   });
@@ -261,6 +261,6 @@ TEST_CASE("an unbatched MultiHeadAttention input is hooked with a batch of one, 
   CHECK(seen == Shape{1, 4, 2, 4});
   CHECK(r.output.shape() == Shape{4, 8});
   CHECK(r.heads.shape() == Shape{2, 4, 4});
-  attn.hooks.clear();
+  attn.reset_hooks();
   check_close(r.output, values(attn.forward(x, {.causal = true}).output), 1e-12);
 }

@@ -59,12 +59,11 @@ TEST_CASE("EncoderDecoder: its encoder is a bidirectional Transformer, and its d
                       .heads = 2, .mlp = true, .dtype = DType::float64};
   Generator other(9);
   Transformer encoder(e, other);
-  StateDict enc = joined({renamed(state, "src_tok.", "tok."), renamed(state, "src_pos.", "pos."),
-                          renamed(state, "ln_enc.", "ln_f."), renamed(state, "head.", "head.")});
-  for (std::size_t l = 0; l < 2; ++l) {
-    const std::string from = "encoder." + std::to_string(l) + ".", to = "layers." + std::to_string(l) + ".";
-    enc = joined({enc, renamed(state, from, to)});
-  }
+  // The weights have the same names below the model's own (encoder.blocks.L.attn.q_proj.weight
+  // is blocks.L.attn.q_proj.weight there).
+  const StateDict enc = joined({renamed(state, "src_tok.", "tok."), renamed(state, "src_pos.", "pos."),
+                                renamed(state, "ln_enc.", "ln_final."), renamed(state, "head.", "head."),
+                                renamed(state, "encoder.blocks.", "blocks.")});
   encoder.load_state_dict(enc);
   const EncoderDecoderOutput out = m.forward(source, input, false, padding);
   const ActivationCache cache = encoder.run_with_cache(source, {}, padding);
@@ -80,11 +79,10 @@ TEST_CASE("EncoderDecoder: its encoder is a bidirectional Transformer, and its d
                       .dtype = DType::float64};
   Transformer decoder(d, other);
   StateDict dec = joined({renamed(state, "tgt_tok.", "tok."), renamed(state, "tgt_pos.", "pos."),
-                          renamed(state, "ln_f.", "ln_f."), renamed(state, "head.", "head.")});
+                          renamed(state, "ln_final.", "ln_final."), renamed(state, "head.", "head.")});
   for (std::size_t l = 0; l < 2; ++l) {
-    const std::string from = "decoder." + std::to_string(l) + ".", to = "layers." + std::to_string(l) + ".";
-    for (const char* part : {"ln1.", "ln2.", "fc.", "proj."}) dec = joined({dec, renamed(state, from + part, to + part)});
-    dec = joined({dec, renamed(state, from + "self_attn.", to + "attn.")});
+    const std::string from = "decoder.blocks." + std::to_string(l) + ".", to = "blocks." + std::to_string(l) + ".";
+    for (const char* part : {"ln1.", "attn.", "ln2.", "mlp."}) dec = joined({dec, renamed(state, from + part, to + part)});
   }
   decoder.load_state_dict(dec);
   CHECK(xt::allclose(f64(m.forward(source, input, false, padding).logits), f64(decoder.forward(input).logits), 1e-12, 1e-12));
@@ -126,17 +124,26 @@ TEST_CASE("EncoderDecoder: hook points in forward order, and a hook on cross-att
   EncoderDecoder m(small(true), gen);
   const std::vector<std::string> names = m.hook_names();
   const auto at = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
-  // Per encoder layer a Transformer block's 9 points with the MLP and its attention's 6; per
-  // decoder layer 11 of its own and 6 of each attention.
-  REQUIRE(names.size() == 2 + 2 * (9 + 6) + 2 + 2 * (11 + 6 + 6));
+  // Per encoder layer a Transformer block's 9 points with the MLP and its attention's 6, then
+  // ln_enc's; per decoder layer 11 of its own and 6 of each attention, then ln_final's.
+  REQUIRE(names.size() == 2 + 2 * (9 + 6) + 1 + 2 + 2 * (11 + 6 + 6) + 1);
   CHECK(at("encoder.blocks.0.ln1.hook_normalized") + 1 == at("encoder.blocks.0.attn.hook_q"));
   CHECK(at("decoder.blocks.1.ln_cross.hook_normalized") + 1 == at("decoder.blocks.1.cross_attn.hook_q"));
   CHECK(at("decoder.blocks.1.hook_cross_attn_out") + 1 == at("decoder.blocks.1.hook_resid_mid"));
   CHECK(names.front() == "encoder.hook_embed");
-  CHECK(at("encoder.blocks.1.hook_resid_post") < at("decoder.hook_embed"));
+  CHECK(at("encoder.blocks.1.hook_resid_post") + 1 == at("ln_enc.hook_normalized"));
+  CHECK(at("ln_enc.hook_normalized") + 1 == at("decoder.hook_embed"));
   CHECK(at("decoder.blocks.0.hook_attn_out") < at("decoder.blocks.0.cross_attn.hook_q"));
   CHECK(at("decoder.blocks.0.cross_attn.hook_z") < at("decoder.blocks.0.hook_cross_attn_out"));
-  CHECK(names.back() == "decoder.blocks.1.hook_resid_post");
+  CHECK(at("decoder.blocks.1.hook_resid_post") + 1 == at("ln_final.hook_normalized"));
+  CHECK(names.back() == "ln_final.hook_normalized");
+  // Each point sits on the path of the weights of the module that holds it.
+  const StateDict weights = m.state_dict();
+  for (const std::string point : {"decoder.blocks.1.attn.hook_q", "decoder.blocks.0.cross_attn.hook_k", "encoder.blocks.1.attn.hook_v"}) {
+    const std::string module = point.substr(0, point.rfind('.') + 1);
+    CHECK(std::any_of(weights.begin(), weights.end(), [&](const auto& w) { return w.first.rfind(module + "q_proj.", 0) == 0; }));
+  }
+  CHECK(std::any_of(weights.begin(), weights.end(), [](const auto& w) { return w.first == "decoder.blocks.1.mlp.fc.weight"; }));
   CHECK_THROWS_WITH(m.add_hook("decoder.blocks.2.cross_attn.hook_z", {}), Contains("no hook point 'decoder.blocks.2.cross_attn.hook_z'"));
 
   const IndexArray source{{0, 3, 6, 4}}, input{{0, 2, 1}};
@@ -152,6 +159,51 @@ TEST_CASE("EncoderDecoder: hook points in forward order, and a hook on cross-att
   // Zeroing z is out_proj's bias alone: its weight zeroed.
   zero(m.decoder[1]->cross_attn.out_proj->weight);
   CHECK(xt::allclose(hooked, f64(m.forward(source, input).logits), 1e-12, 1e-12));
+}
+
+TEST_CASE("EncoderDecoder: run_with_cache keeps the activations forward computes, run_with_hooks patches one call") {
+  Generator gen(8);
+  EncoderDecoder m(small(true), gen);
+  const IndexArray source{{0, 3, 6, 4, 2, 5}, {4, 1, 0, 1, 3, 3}}, input{{0, 2, 1, 5, 3}, {0, 1, 4, 2, 2}};
+  const MaskArray padding{{true, true, true, true, true, true}, {true, true, true, true, false, false}};
+  const EncoderDecoderOutput plain = m.forward(source, input, true, padding);
+  const EncoderDecoderCache cache = m.run_with_cache(source, input, {}, padding);
+  CHECK(cache.activations.size() == m.hook_names().size());
+  CHECK(xt::allclose(f64(cache.output.logits), f64(plain.logits), 1e-12, 1e-12));
+  // The memory is ln_enc's output; each layer's patterns are the weights forward returns.
+  CHECK(xt::allclose(f64(cache["ln_enc.hook_normalized"]), f64(plain.memory), 1e-12, 1e-12));
+  for (std::size_t l = 0; l < 2; ++l) {
+    const std::string d = "decoder.blocks." + std::to_string(l) + ".";
+    CHECK(xt::allclose(f64(cache[d + "cross_attn.hook_pattern"]), f64(plain.cross_attention[l].weights), 1e-12, 1e-12));
+    CHECK(xt::allclose(f64(cache[d + "attn.hook_pattern"]), f64(plain.decoder_attention[l].weights), 1e-12, 1e-12));
+    CHECK(xt::allclose(f64(cache["encoder.blocks." + std::to_string(l) + ".attn.hook_pattern"]),
+                       f64(plain.encoder_attention[l].weights), 1e-12, 1e-12));
+  }
+  // A list of names keeps those alone; a name that is no point is an error naming it.
+  const EncoderDecoderCache two = m.run_with_cache(source, input, {"decoder.hook_embed", "ln_final.hook_normalized"}, padding);
+  REQUIRE(two.activations.size() == 2);
+  CHECK(two.activations[0].first == "decoder.hook_embed");
+  CHECK_THROWS_WITH(m.run_with_cache(source, input, {"decoder.blocks.0.cross_attn.hook_pattern", "decoder.blocks.0.hook_z"}),
+                    Contains("EncoderDecoder: no hook point 'decoder.blocks.0.hook_z'"));
+  CHECK_THROWS_WITH(m.run_with_hooks(source, input, {{"encoder.blocks.9.attn.hook_z", [](const Tensor& z, const std::string&) { return z; }}}),
+                    Contains("no hook point 'encoder.blocks.9.attn.hook_z'"));
+
+  // Patching the whole cross-attention output of layer 1 with the value from another source: the
+  // logits are then those of the other source wherever only layer 1's cross-attention read it.
+  // With layer 0's cross-attention zeroed too, the source reaches the logits only through layer 1,
+  // so patching it gives the other source's logits exactly.
+  const IndexArray other{{5, 5, 1, 2, 0, 3}, {2, 6, 6, 0, 1, 1}};
+  zero(m.decoder[0]->cross_attn.out_proj->weight);
+  zero(m.decoder[0]->cross_attn.out_proj->bias);
+  const EncoderDecoderCache other_cache = m.run_with_cache(other, input, {"decoder.blocks.1.hook_cross_attn_out"}, padding);
+  const Tensor patch = other_cache["decoder.blocks.1.hook_cross_attn_out"];
+  const EncoderDecoderOutput patched = m.run_with_hooks(
+      source, input, {{"decoder.blocks.1.hook_cross_attn_out", [&](const Tensor&, const std::string&) { return patch; }}}, false,
+      padding);
+  CHECK(xt::allclose(f64(patched.logits), f64(m.forward(other, input, false, padding).logits), 1e-12, 1e-12));
+  CHECK_FALSE(xt::allclose(f64(patched.logits), f64(m.forward(source, input, false, padding).logits), 1e-6, 1e-6));
+  // The hooks were for that call only.
+  CHECK(xt::allclose(f64(m.forward(source, input, false, padding).logits), f64(m.run_with_hooks(source, input, {}, false, padding).logits), 0, 0));
 }
 
 TEST_CASE("EncoderDecoder: bad inputs and configs are named") {

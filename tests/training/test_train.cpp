@@ -409,7 +409,7 @@ TEST_CASE("with the MLP, each block has a LayerNorm and two layers after its att
     }
   // Per layer: ln2 (weight, bias), fc (weight, bias), proj (weight, bias); the fc weight is (4·d_model, d_model).
   CHECK(mlp_names.size() == 6 * o.model.layers);
-  CHECK(trained->blocks[0]->fc->weight.shape() == Shape{4 * o.model.d_model, o.model.d_model});
+  CHECK(trained->blocks[0]->mlp->fc.weight.shape() == Shape{4 * o.model.d_model, o.model.d_model});
   // The memory estimate counts the MLP's weights.
   TrainOptions without = o;
   without.model.mlp = false;
