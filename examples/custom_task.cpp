@@ -14,15 +14,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <variant>
 
 #include <qkv/core/autograd.hpp>
-#include <qkv/core/ops.hpp>
+#include <qkv/core/runtime.hpp>
 #include <qkv/nn/checkpoint.hpp>
-#include <qkv/nn/circuits.hpp>
+#include <qkv/nn/files.hpp>
 #include <qkv/nn/transformer.hpp>
 #include <qkv/optim/adam.hpp>
-#include <qkv/core/runtime.hpp>
+#include <qkv/report/inspect.hpp>
+#include <qkv/training/run_analysis.hpp>
 #include <xtensor/xview.hpp>
 
 using namespace qkv;
@@ -79,11 +82,15 @@ int main(int argc, char** argv) {
     if (step % 100 == 0) std::printf("step %3zu  loss %.4f\n", step, loss.item());
   }
 
-  // A run folder: config.json and a committed checkpoint; then the model as a user would load it.
+  // A run folder: config.json with a name for each token ("orca0" … "algae3") and a committed
+  // checkpoint; then the model as a user would load it.
+  std::vector<std::string> names;
+  for (const char* animal : animals)
+    for (std::int64_t tag = 0; tag < tags; ++tag) names.push_back(animal + std::to_string(tag));
   std::filesystem::create_directories(dir);
   {
     nn::RunLock lock(dir);
-    nn::save_config(dir, config);
+    training::save_model_config(dir, config, names);
     nn::save_checkpoint(dir, model, adam.state_dict(), {.step = 400});
   }
   const auto loaded = nn::load_transformer(dir);
@@ -91,23 +98,33 @@ int main(int argc, char** argv) {
   const double acc = accuracy(*loaded, held_out);
   std::printf("saved to %s; loaded back: held-out accuracy %.3f\n", dir.c_str(), acc);
 
-  // The token table: the scores of a stream that holds one token's embedding per position (after
+  // What `qkv inspect DIR --input TEXT` shows, by its calls: the report as text (uncoloured, as in a
+  // file), JSON and the HTML page (which draws the run's training, here none).
+  const char* const text = "seal2 orca1 krill0 algae3 salmon1 herring2";
+  const training::RunInfo run = training::open_run(dir);
+  const std::vector<std::int64_t> input = training::parse_input(run, text);
+  const auto in = std::get<analysis::Inspection>(training::inspect_run(run, input, false));
+  std::ostringstream report;
+  report::print_report(report, in, false);
+  nn::write_atomically(dir + "/report.txt", report.str());
+  nn::write_atomically(dir + "/report.json", report::to_json(in).dump() + "\n");
+  nn::write_atomically(dir + "/report.html", report::to_html(std::get<analysis::Inspection>(training::inspect_run(run, input, true))));
+  std::printf("wrote report.txt, report.json and report.html, as qkv inspect %s --input \"%s\" shows them\n", dir.c_str(),
+              text);
+
+  // The token table of the head (the scores of a stream that holds one token's embedding, after
   // the layer's LayerNorm), averaged over the tags: row = query animal, column = key animal. Its
   // largest entry per row is the prey; the reverse entry (the prey asking for its predator) is low.
-  NoGradGuard no_grad;
-  const nn::TransformerBlock& block = *loaded->blocks[0];
-  const Tensor each = reshape(loaded->tok.weight, {1, n * tags, -1});
-  const Array<double> scores = block.attn.forward(block.ln1(each), {}, true).scores.to(DType::float64).value<double>();
+  const analysis::HeadInspection& head = in.layers[0][0];
   Array<double> table = xt::zeros<double>({n, n});
   for (std::int64_t i = 0; i < n * tags; ++i)
-    for (std::int64_t j = 0; j < n * tags; ++j) table(i / tags, j / tags) += scores(0, 0, i, j) / (tags * tags);
+    for (std::int64_t j = 0; j < n * tags; ++j) table(i / tags, j / tags) += head.token_qk(i, j) / (tags * tags);
   std::printf("%-8s %-8s %8s %8s\n", "query", "top key", "score", "reverse");
   for (std::int64_t a = 0; a + 1 < n; ++a) {
     const auto row = xt::view(table, a, xt::all());
     const auto top = std::int64_t(std::max_element(row.begin(), row.end()) - row.begin());
     std::printf("%-8s %-8s %8.2f %8.2f\n", animals[a], animals[top], table(a, top), table(top, a));
   }
-  std::printf("QK circuit: symmetric share sigma %.3f (1 for a symmetric, tied head)\n",
-              nn::symmetric_share(nn::qk_circuit(block.attn, 0)));
+  std::printf("QK circuit: symmetric share sigma %.3f (1 for a symmetric, tied head)\n", head.sigma);
   return acc > 0.99 ? 0 : 1;
 }

@@ -40,6 +40,14 @@ std::vector<std::int64_t> parse_numbers(const std::string& text, std::size_t n, 
   return tokens;
 }
 
+std::vector<std::int64_t> encode_input(const Task& task, const std::string& text, std::size_t positions) {
+  const std::vector<std::int64_t> input = task.encode(text);
+  if (input.empty()) throw std::invalid_argument("holds no tokens");
+  if (input.size() > positions)
+    throw std::invalid_argument(fmt::format("{} tokens, but the model has {} positions", input.size(), positions));
+  return input;
+}
+
 Metrics score(const IndexArray& predictions, const Batch& batch) {
   if (predictions.shape() != batch.targets.shape())
     fail("score", "predictions of shape {} for targets of shape {}", to_string(to_shape(predictions.shape())),

@@ -105,6 +105,10 @@ class Task {
   }
 };
 
+// `text` as the tokens of `task` (Task::encode), at most `positions` of them: std::invalid_argument
+// naming the fault for a word that is no token, no tokens at all, or more than fit.
+std::vector<std::int64_t> encode_input(const Task& task, const std::string& text, std::size_t positions);
+
 // A source, its output, and for each output token the source positions it comes from (reverse:
 // the mirrored one; sort: the one holding the value; translate: the word it translates).
 struct Seq2SeqExample {

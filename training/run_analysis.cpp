@@ -63,31 +63,55 @@ std::vector<std::string> saved_token_names(const nlohmann::json& config, std::si
   return names;
 }
 
-// Refuses a library program's run for `what` (an evaluation, an ablation): without its task there
-// are no sequences to draw.
-void check_names_task(const std::string& dir, const char* what) {
-  if (!run_config(dir).names_task)
+// The run's options; a library program's run is refused for `what` (an evaluation, an ablation):
+// without its task there are no sequences to draw.
+const TrainOptions& options_of(const RunInfo& run, const char* what) {
+  if (run.library_run())
     throw std::runtime_error(fmt::format("{}/config.json: names no task (a library program's run), so there are no "
                                          "sequences for {}: score it with tasks::evaluate and its own task",
-                                         dir, what));
+                                         run.dir, what));
+  return *run.options;
 }
 
 }  // namespace
 
-std::unique_ptr<Task> run_task(const std::string& dir) {
+RunInfo open_run(const std::string& dir) {
   const RunConfig c = run_config(dir);
+  RunInfo run{.dir = dir, .task = nullptr, .options = std::nullopt};
   if (c.names_task) {
-    const TrainOptions o = read_config(dir);
-    return make_task(o.task, o.n);
+    const TrainOptions& o = run.options.emplace(read_config(dir));
+    run.task = make_task(o.task, o.n);
+    run.input_positions = o.encoder_layers ? o.max_source_len : o.model.max_len;  // a model may have more (--max-len)
+    return run;
   }
   const nn::TransformerConfig model = nn::load_config(dir);
-  return std::make_unique<VocabularyTask>("run", model, saved_token_names(c.json, model.vocab_size, dir + "/config.json"));
+  run.task = std::make_unique<VocabularyTask>("run", model, saved_token_names(c.json, model.vocab_size, dir + "/config.json"));
+  run.input_positions = model.max_len;
+  return run;
+}
+
+std::unique_ptr<Task> run_task(const std::string& dir) { return open_run(dir).task; }
+
+std::vector<std::int64_t> parse_input(const RunInfo& run, const std::string& text) {
+  return encode_input(*run.task, text, run.input_positions);
+}
+
+void save_model_config(const std::string& dir, const nn::TransformerConfig& config, const std::vector<std::string>& token_names) {
+  nlohmann::json j = {{"model", nlohmann::json::parse(nn::to_json(config))}};
+  if (!token_names.empty()) j["tokens"] = token_names;
+  const std::string file = dir + "/config.json";
+  try {
+    saved_token_names(j, config.vocab_size, file);
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(e.what());
+  }
+  nn::write_atomically(file, j.dump(2) + "\n");
 }
 
 nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t seed) {
-  check_names_task(dir, "an evaluation");
-  const TrainOptions o = read_config(dir);
-  const auto task = make_task(o.task, o.n);
+  const RunInfo run = open_run(dir);
+  const TrainOptions& o = options_of(run, "an evaluation");
+  const Task* task = run.task.get();
   const std::size_t batches = (n + o.batch - 1) / o.batch;
   nlohmann::json out = {{"task", o.task}, {"dir", dir}, {"sequences", batches * o.batch}, {"seed", seed}};
   if (const Seq2SeqTask* seq2seq = as_seq2seq(*task)) {
@@ -119,35 +143,33 @@ nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t
 }
 
 analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64_t seed) {
-  check_names_task(dir, "an ablation");
-  const TrainOptions o = read_config(dir);
+  const RunInfo run = open_run(dir);
+  const TrainOptions& o = options_of(run, "an ablation");
   if (o.encoder_layers)
     throw std::runtime_error(fmt::format("{}: a {} run, whose model is an encoder-decoder: ablation reads decoder-only "
                                          "models (inspection shows its cross-attention)",
                                          dir, o.task));
   const auto model = load_model(dir);
-  const auto task = make_task(o.task, o.n);
   analysis::Ablation a =
-      analysis::ablate(*model, *task, task_spec(o.task).corruption, (n + o.batch - 1) / o.batch, o.batch, seed, o.mask_padding);
+      analysis::ablate(*model, *run.task, task_spec(o.task).corruption, (n + o.batch - 1) / o.batch, o.batch, seed, o.mask_padding);
   a.dir = dir;
   return a;
 }
 
-RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history) {
-  if (!run_config(dir).names_task) {  // a library program's run: its model and the tokens given
-    const std::unique_ptr<Task> task = run_task(dir);
+RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<std::int64_t>>& input, bool history) {
+  const std::string& dir = run.dir;
+  if (run.library_run()) {  // its model and the tokens given
     if (!input)
       throw std::invalid_argument(fmt::format("{}: a library program's run (its config.json names no task): the input "
                                               "must be given, as token ids or the token names it saved",
                                               dir));
     const auto model = nn::load_transformer(dir);
-    analysis::Inspection in = analysis::inspect(*model, *task, *input, dir);
+    analysis::Inspection in = analysis::inspect(*model, *run.task, *input, dir);
     if (history) in.history = analysis::read_history(dir, model->config());
     return in;
   }
-  const TrainOptions o = read_config(dir);
-  const auto task = make_task(o.task, o.n);
-  if (const Seq2SeqTask* seq2seq = as_seq2seq(*task)) {
+  const TrainOptions& o = *run.options;
+  if (const Seq2SeqTask* seq2seq = as_seq2seq(*run.task)) {
     const auto model = load_encoder_decoder(dir);
     analysis::AlignmentInspection in =
         analysis::inspect_alignment(*model, *seq2seq, input ? *input : analysis::typical_source(*seq2seq), dir);
@@ -155,9 +177,13 @@ RunInspection inspect_run(const std::string& dir, const std::optional<std::vecto
     return in;
   }
   const auto model = load_model(dir);
-  analysis::Inspection in = analysis::inspect(*model, *task, input ? *input : analysis::typical_input(*task), dir);
+  analysis::Inspection in = analysis::inspect(*model, *run.task, input ? *input : analysis::typical_input(*run.task), dir);
   if (history) in.history = analysis::read_history(dir, o.model);
   return in;
+}
+
+RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history) {
+  return inspect_run(open_run(dir), input, history);
 }
 
 }  // namespace qkv::training

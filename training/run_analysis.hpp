@@ -16,6 +16,7 @@
 #include "qkv/analysis/alignment.hpp"
 #include "qkv/analysis/inspect.hpp"
 #include "qkv/tasks/task.hpp"
+#include "qkv/training/options.hpp"
 
 namespace qkv::training {
 
@@ -31,16 +32,41 @@ nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t
 // program's, is refused.
 analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64_t seed);
 
-// The task of a run folder: the registered task its config.json names (an unknown one is an error
-// listing the known ones), or, for a run whose config.json names no task (a library program's,
-// written with nn::save_config), a tasks::VocabularyTask "run" of its model's tokens, named as
-// config.json's "tokens" when it has them (one printable name a token id, each at most 40 bytes).
+// A run folder's config.json, read once: the run's task and, for a `qkv train` run, its options.
+struct RunInfo {
+  std::string dir;
+  // The registered task config.json names (an unknown one is an error listing the known ones),
+  // or, for a run whose config.json names no task (a library program's, written with
+  // save_model_config or nn::save_config), a tasks::VocabularyTask "run" of its model's tokens,
+  // named as config.json's "tokens" when it has them (one printable name a token id, each at most
+  // 40 bytes).
+  std::unique_ptr<tasks::Task> task;
+  std::optional<TrainOptions> options;  // none for a library program's run
+  // The most tokens an input may hold: the model's positions (a seq2seq run's: the source's).
+  std::size_t input_positions = 0;
+  bool library_run() const { return !options; }
+};
+RunInfo open_run(const std::string& dir);
+// open_run(dir).task.
 std::unique_ptr<tasks::Task> run_task(const std::string& dir);
+
+// `text` as the run's tokens (names, or for a library program's run names or ids), at most its
+// input_positions: std::invalid_argument naming the fault.
+std::vector<std::int64_t> parse_input(const RunInfo& run, const std::string& text);
 
 // What the heads of a run learned on `input` (token ids; none: the task's typical input, or a
 // seq2seq task's typical source), with the run's training history when `history`: an Inspection,
-// or for a seq2seq run an AlignmentInspection. A library program's run needs `input`.
+// or for a seq2seq run an AlignmentInspection. A library program's run needs `input`. What `qkv
+// inspect DIR` shows is report::print_report, to_json, to_html or write_svgs of it.
 using RunInspection = std::variant<analysis::Inspection, analysis::AlignmentInspection>;
+RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<std::int64_t>>& input, bool history);
 RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history);
+
+// DIR/config.json of a library program's run, written atomically: {"model": CONFIG} and, when
+// given, "tokens": a name for each token id, which inspect_run's pages and tables then show (and
+// parse_input reads). Names are checked as open_run checks them: std::invalid_argument naming the
+// one at fault.
+void save_model_config(const std::string& dir, const nn::TransformerConfig& config,
+                       const std::vector<std::string>& token_names = {});
 
 }  // namespace qkv::training

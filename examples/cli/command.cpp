@@ -26,15 +26,11 @@ bool escapes_shown(int fd) {
 }
 
 std::vector<std::int64_t> input_tokens(const tasks::Task& task, const std::string& text, std::size_t positions) {
-  std::vector<std::int64_t> input;
   try {
-    input = task.encode(text);
+    return tasks::encode_input(task, text, positions);
   } catch (const std::invalid_argument& e) {
     usage("--input", "{}", e.what());
   }
-  if (input.empty()) usage("--input", "holds no tokens");
-  if (input.size() > positions) usage("--input", "{} tokens, but the model has {} positions", input.size(), positions);
-  return input;
 }
 
 }  // namespace qkv::cli

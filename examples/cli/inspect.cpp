@@ -10,7 +10,6 @@
 #include "qkv/nn/files.hpp"
 #include "qkv/report/alignment.hpp"
 #include "qkv/report/inspect.hpp"
-#include "qkv/tasks/vocabulary_task.hpp"
 #include "qkv/training/run_analysis.hpp"
 
 namespace qkv::cli {
@@ -43,20 +42,20 @@ int show(const InspectArgs& a, const Inspection& in) {
 }
 
 int run_inspect(const InspectArgs& a) {
+  const training::RunInfo run = training::open_run(a.dir);
   std::optional<std::vector<std::int64_t>> input;
-  const std::unique_ptr<tasks::Task> task = training::run_task(a.dir);
-  if (a.input.empty() && dynamic_cast<const tasks::VocabularyTask*>(task.get()))
+  if (a.input.empty() && run.library_run())
     usage("--input", "is needed: {} is a library program's run (its config.json names no task); give its tokens as "
           "ids or the names it saved", a.dir);
   if (!a.input.empty()) {
-    // A qkv run's model may have more positions than its task's sequences (train --max-len).
-    const bool library_run = dynamic_cast<const tasks::VocabularyTask*>(task.get());
-    const training::TrainOptions o = library_run ? training::TrainOptions{} : training::read_config(a.dir);
-    input = input_tokens(*task, a.input,
-                         library_run ? task->info().max_len : o.encoder_layers ? o.max_source_len : o.model.max_len);
+    try {
+      input = training::parse_input(run, a.input);
+    } catch (const std::invalid_argument& e) {
+      usage("--input", "{}", e.what());
+    }
   }
   const bool pictures = !a.html.empty() || !a.svg.empty();  // only the pictures draw the training
-  return std::visit([&](const auto& in) { return show(a, in); }, training::inspect_run(a.dir, input, pictures));
+  return std::visit([&](const auto& in) { return show(a, in); }, training::inspect_run(run, input, pictures));
 }
 
 }  // namespace

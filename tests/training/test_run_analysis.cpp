@@ -2,6 +2,7 @@
 // (a library program's, written with nn::save_config and nn::save_checkpoint).
 #include "tests/helpers.hpp"
 
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -89,6 +90,28 @@ TEST_CASE("a library program's run names its tokens as config.json saved them, a
     write_library_run(folder, tokens);
     CHECK_THROWS_WITH(training::run_task(folder), Contains(folder + "/config.json: " + message));
   }
+}
+
+TEST_CASE("save_model_config writes the names open_run reads, refuses bad ones before writing, and parse_input checks the input") {
+  const std::string dir = scratch("library-run-saved-names");
+  const nn::TransformerConfig config = write_library_run(dir);
+  std::filesystem::remove(dir + "/config.json");
+  CHECK_THROWS_WITH(training::save_model_config(dir, config, {"a", "b", "a", "d", "e"}),
+                    Contains(dir + "/config.json: 'tokens'[2] 'a' names two tokens"));
+  CHECK_THROWS_AS(training::save_model_config(dir, config, {"a", "b"}), std::invalid_argument);
+  CHECK_FALSE(std::filesystem::exists(dir + "/config.json"));  // nothing written
+  training::save_model_config(dir, config, {"orca", "seal", "krill", "algae", "salmon"});
+  const training::RunInfo run = training::open_run(dir);
+  CHECK(run.library_run());
+  CHECK(run.input_positions == 6);
+  CHECK(training::parse_input(run, "seal krill 4") == std::vector<std::int64_t>{1, 2, 4});
+  CHECK_THROWS_WITH(training::parse_input(run, "   "), "holds no tokens");
+  CHECK_THROWS_WITH(training::parse_input(run, "orca orca orca orca orca orca orca"),
+                    "7 tokens, but the model has 6 positions");
+  CHECK_THROWS_WITH(training::parse_input(run, "orca whale"), Contains("cannot read 'whale'"));
+  // The same model and tokens as inspect_run on the folder sees them.
+  const auto in = std::get<analysis::Inspection>(training::inspect_run(run, training::parse_input(run, "algae salmon"), false));
+  CHECK(in.input_names == std::vector<std::string>{"algae", "salmon"});
 }
 
 TEST_CASE("a config.json that names a task qkv does not know is refused, listing the tasks") {
