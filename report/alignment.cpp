@@ -165,15 +165,10 @@ std::string to_html(const AlignmentInspection& in) {
 }
 
 std::vector<std::string> write_svgs(const AlignmentInspection& in, const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  std::vector<std::string> files;
-  const auto write = [&](const std::string& name, const std::string& svg) {
-    files.push_back((std::filesystem::path(dir) / (name + ".svg")).string());
-    nn::write_atomically(files.back(), svg);
-  };
-  for (const auto& [name, map] : pictures(in)) write(name, heatmap_svg(map));
-  for (const auto& [name, svg] : training_charts(in.history)) write(name, svg);
-  return files;
+  std::vector<std::pair<std::string, std::string>> svgs;
+  for (const auto& [name, map] : pictures(in)) svgs.emplace_back(name, heatmap_svg(map));
+  for (auto& chart : training_charts(in.history)) svgs.push_back(std::move(chart));
+  return write_svg_files(dir, svgs);
 }
 
 }  // namespace qkv::report

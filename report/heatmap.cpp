@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "qkv/nn/files.hpp"
 
 namespace qkv::report {
 
@@ -361,6 +364,16 @@ std::string heatmap_script() {
   }
 }
 )";
+}
+
+std::vector<std::string> write_svg_files(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& svgs) {
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> files;
+  for (const auto& [name, svg] : svgs) {
+    files.push_back((std::filesystem::path(dir) / (name + ".svg")).string());
+    nn::write_atomically(files.back(), svg);
+  }
+  return files;
 }
 
 }  // namespace qkv::report

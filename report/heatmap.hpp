@@ -51,6 +51,9 @@ enum class Cells { elements, packed };
 // even that cannot fit them), axis titles, a title and a colour bar.
 std::string heatmap_svg(const Heatmap& map, Cells cells = Cells::elements);
 
+// Each (name, svg) as DIR/NAME.svg, written atomically, DIR made first; the paths written, in order.
+std::vector<std::string> write_svg_files(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& svgs);
+
 // SVG pictures of a page that draws each when it is shown: every distinct line of all of them kept
 // once (the labels, scales and axis titles of one head's pictures are those of the next head's),
 // a picture as a placeholder that lists its lines.

@@ -528,19 +528,14 @@ which the mask hides.</p></div>
 }
 
 std::vector<std::string> write_svgs(const Inspection& in, const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  std::vector<std::string> files;
-  const auto write = [&](const std::string& name, const std::string& svg) {
-    files.push_back((std::filesystem::path(dir) / (name + ".svg")).string());
-    nn::write_atomically(files.back(), svg);
-  };
+  std::vector<std::pair<std::string, std::string>> svgs;
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
-      for (const auto& [name, map] : pictures(in, h)) write(short_name(h.layer, h.head) + "-" + name, heatmap_svg(map));
-      for (const auto& [name, map] : steps_pictures(in, h.layer, h.head)) write(name, heatmap_svg(map));
+      for (const auto& [name, map] : pictures(in, h)) svgs.emplace_back(short_name(h.layer, h.head) + "-" + name, heatmap_svg(map));
+      for (const auto& [name, map] : steps_pictures(in, h.layer, h.head)) svgs.emplace_back(name, heatmap_svg(map));
     }
-  for (const auto& [name, svg] : training_charts(in.history)) write(name, svg);
-  return files;
+  for (auto& chart : training_charts(in.history)) svgs.push_back(std::move(chart));
+  return write_svg_files(dir, svgs);
 }
 
 }  // namespace qkv::report
