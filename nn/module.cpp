@@ -44,18 +44,20 @@ std::vector<std::string> Module::hook_names() const {
   return names;
 }
 
-void Module::add_hook(const std::string& name, ForwardHook hook) {
-  for (HookPoint* point : hook_points())
+void Module::add_hook(const std::vector<HookPoint*>& points, const std::string& name, ForwardHook hook) const {
+  for (HookPoint* point : points)
     if (point->name() == name) return point->add(std::move(hook));
   fail(type_name(), "no hook point '{}'; this model has {}", name, fmt::join(hook_names(), ", "));
 }
+
+void Module::add_hook(const std::string& name, ForwardHook hook) { add_hook(hook_points(), name, std::move(hook)); }
 
 void Module::reset_hooks() {
   for (HookPoint* point : hook_points()) point->clear();
 }
 
-Module::Restore::Restore(const Module& m) {
-  for (HookPoint* point : m.hook_points()) sizes.emplace_back(point, point->size());
+Module::Restore::Restore(const std::vector<HookPoint*>& points) {
+  for (HookPoint* point : points) sizes.emplace_back(point, point->size());
 }
 
 Module::Restore::~Restore() {

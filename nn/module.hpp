@@ -78,8 +78,9 @@ class Module {
   // that is no point is an error before anything runs.
   template <class Forward>
   auto with_hooks(const NamedHooks& hooks, Forward&& forward) {
-    const Restore restore(*this);
-    for (const auto& [name, hook] : hooks) add_hook(name, hook);
+    const std::vector<HookPoint*> points = hook_points();  // one walk of the tree for every name
+    const Restore restore(points);
+    for (const auto& [name, hook] : hooks) add_hook(points, name, hook);
     return forward();
   }
   // Hooks that keep, detached, into `cache`, the activation of every point `filter` keeps; a name
@@ -90,8 +91,9 @@ class Module {
   void collect(const std::string& prefix, StateDict& out) const;
   void collect_hooks(std::vector<HookPoint*>& out) const;
   std::vector<HookPoint*> hook_points() const;
+  void add_hook(const std::vector<HookPoint*>& points, const std::string& name, ForwardHook hook) const;
   struct Restore {  // each point's number of hooks, put back on destruction
-    explicit Restore(const Module& m);
+    explicit Restore(const std::vector<HookPoint*>& points);
     ~Restore();
     Restore(const Restore&) = delete;
     Restore& operator=(const Restore&) = delete;

@@ -42,6 +42,12 @@ StateDict joined(std::initializer_list<StateDict> parts) {
 
 void zero(Tensor& t) { t.mutable_value<double>().fill(0); }
 
+// A decoder block whose cross-attention writes nothing: its out_proj zeroed, bias too.
+void silence_cross_attention(DecoderBlock& b) {
+  zero(b.cross_attn.out_proj->weight);
+  zero(b.cross_attn.out_proj->bias);
+}
+
 const Array<double>& f64(const Tensor& t) { return t.value<double>(); }
 
 }  // namespace
@@ -71,10 +77,7 @@ TEST_CASE("EncoderDecoder: its encoder is a bidirectional Transformer, and its d
 
   // The decoder, with every cross-attention's out_proj zeroed (bias too): a causal decoder-only
   // model with the decoder's weights (its self-attention as attn).
-  for (const auto& b : m.decoder) {
-    zero(b->cross_attn.out_proj->weight);
-    zero(b->cross_attn.out_proj->bias);
-  }
+  for (const auto& b : m.decoder) silence_cross_attention(*b);
   TransformerConfig d{.vocab_size = 6, .n_classes = 6, .max_len = 5, .layers = 2, .d_model = 8, .heads = 2, .mlp = true,
                       .dtype = DType::float64};
   Transformer decoder(d, other);
@@ -193,8 +196,7 @@ TEST_CASE("EncoderDecoder: run_with_cache keeps the activations forward computes
   // With layer 0's cross-attention zeroed too, the source reaches the logits only through layer 1,
   // so patching it gives the other source's logits exactly.
   const IndexArray other{{5, 5, 1, 2, 0, 3}, {2, 6, 6, 0, 1, 1}};
-  zero(m.decoder[0]->cross_attn.out_proj->weight);
-  zero(m.decoder[0]->cross_attn.out_proj->bias);
+  silence_cross_attention(*m.decoder[0]);
   const EncoderDecoderCache other_cache = m.run_with_cache(other, input, {"decoder.blocks.1.hook_cross_attn_out"}, padding);
   const Tensor patch = other_cache["decoder.blocks.1.hook_cross_attn_out"];
   const EncoderDecoderOutput patched = m.run_with_hooks(
