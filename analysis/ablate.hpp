@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/tasks/dataset.hpp"
 #include "qkv/tasks/task.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/registry.hpp"
@@ -49,7 +50,8 @@ struct HeadAblation {
 struct Ablation {
   std::string task, dir;
   std::size_t sequences = 0;
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;  // of the held-out sequences, when they were drawn
+  std::string data;        // the file they were read from, when they were read (read_dataset)
   AblationScore clean;
   std::string corruption;  // its description; "" for a task without one
   std::optional<AblationScore> corrupted;  // the corrupted input, scored on the clean targets
@@ -69,5 +71,8 @@ std::vector<Array<double>> mean_head_outputs(nn::Transformer& model, const Task&
 Ablation ablate(nn::Transformer& model, const Task& task, const std::optional<Corruption>& corruption, std::size_t batches,
                 std::size_t batch_size, std::uint64_t seed, bool mask_padding = true);
 
+// The same on the sequences of a data set (read_dataset), with patching when it has corrupted
+// tokens.
+Ablation ablate(nn::Transformer& model, const Task& task, const tasks::Dataset& data, bool mask_padding = true);
 
 }  // namespace qkv::analysis

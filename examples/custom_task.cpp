@@ -25,6 +25,7 @@
 #include <qkv/nn/transformer.hpp>
 #include <qkv/optim/adam.hpp>
 #include <qkv/report/inspect.hpp>
+#include <qkv/tasks/dataset.hpp>
 #include <qkv/training/run_analysis.hpp>
 #include <xtensor/xview.hpp>
 
@@ -49,9 +50,16 @@ std::pair<IndexArray, IndexArray> sample(std::size_t batch, Generator& gen) {
   return {tokens, targets};
 }
 
-double accuracy(const nn::Transformer& model, Generator& gen) {
+// The same animals with fresh tags: every answer changes, so a head that carries the prey's tag
+// carries the change (activation patching, qkv ablate).
+IndexArray retag(const IndexArray& tokens, Generator& gen) {
+  IndexArray out = tokens;
+  for (std::int64_t& t : out) t = tags * (t / tags) + std::int64_t(gen.next_u64() % tags);
+  return out;
+}
+
+double accuracy(const nn::Transformer& model, const IndexArray& tokens, const IndexArray& targets) {
   NoGradGuard no_grad;
-  const auto [tokens, targets] = sample(256, gen);
   const IndexArray predicted = nn::Transformer::predictions(model.forward(tokens).logits);
   double right = 0, scored = 0;
   for (std::size_t i = 0; i < targets.size(); ++i)
@@ -95,8 +103,13 @@ int main(int argc, char** argv) {
   }
   const auto loaded = nn::load_transformer(dir);
   Generator held_out(12345);
-  const double acc = accuracy(*loaded, held_out);
-  std::printf("saved to %s; loaded back: held-out accuracy %.3f\n", dir.c_str(), acc);
+  const auto [tokens, targets] = sample(256, held_out);
+  const double acc = accuracy(*loaded, tokens, targets);
+  std::printf("saved to %s; loaded back: held-out accuracy %.17g\n", dir.c_str(), acc);
+  // The held-out sequences as a data file, with a corrupted copy of each: `qkv eval DIR --data FILE`
+  // scores the run on them, and `qkv ablate DIR --data FILE` takes its head away and patches it.
+  tasks::write_dataset(dir + "/held_out.jsonl", {{.tokens = tokens, .targets = targets}}, {retag(tokens, held_out)});
+  std::printf("wrote held_out.jsonl, for qkv eval %s --data %s/held_out.jsonl\n", dir.c_str(), dir.c_str());
 
   // What `qkv inspect DIR --input TEXT` shows, by its calls: the report as text (uncoloured, as in a
   // file), JSON and the HTML page (which draws the run's training, here none).

@@ -45,7 +45,8 @@ nlohmann::json to_json(const Ablation& a) {
   return {{"task", a.task},
           {"dir", a.dir},
           {"sequences", a.sequences},
-          {"seed", a.seed},
+          {"seed", a.data.empty() ? nlohmann::json(a.seed) : nlohmann::json()},
+          {"data", a.data.empty() ? nlohmann::json() : nlohmann::json(a.data)},
           {"clean", score_json(a.clean)},
           {"corruption", a.corruption.empty() ? nlohmann::json() : nlohmann::json(a.corruption)},
           {"corrupted", optional_json(a.corrupted, score_json)},
@@ -56,8 +57,9 @@ nlohmann::json to_json(const Ablation& a) {
 void print_ablation(std::ostream& out, const Ablation& a) {
   const auto pct = [](double v) { return fmt::format("{:.1f}%", 100 * v); };
   const auto opt_pct = [&](const std::optional<double>& v) { return v ? pct(*v) : std::string("-"); };
-  fmt::print(out, "{}: {} held-out sequences of {} (seed {})\n", a.dir.empty() ? a.task : a.dir, a.sequences, a.task,
-             a.seed);
+  const std::string& name = a.dir.empty() ? a.task : a.dir;
+  if (a.data.empty()) fmt::print(out, "{}: {} held-out sequences of {} (seed {})\n", name, a.sequences, a.task, a.seed);
+  else fmt::print(out, "{}: the {} sequences of {}\n", name, a.sequences, a.data);
   fmt::print(out, "clean:      accuracy {:>6}  loss {:.4f}\n", pct(a.clean.accuracy), a.clean.loss);
   if (a.corrupted)
     fmt::print(out, "corrupted:  accuracy {:>6}  loss {:.4f}  ({}; scored on the clean answers)\n",

@@ -61,6 +61,13 @@ Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t bat
   return evaluate_model(model, task, batches, batch_size, seed, mask_padding);
 }
 
+Metrics evaluate(const nn::Transformer& model, const Task& task, const Dataset& data, bool mask_padding) {
+  NoGradGuard no_grad;
+  MetricsSum total;
+  for (const Batch& b : data.batches) total.add(score(forward(model, task, b, mask_padding, false).predictions, b));
+  return total.result();
+}
+
 Metrics evaluate(const nn::EncoderDecoder& model, const Task& task, std::size_t batches, std::size_t batch_size,
                  std::uint64_t seed, bool mask_padding) {
   return evaluate_model(model, task, batches, batch_size, seed, mask_padding);

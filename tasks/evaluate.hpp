@@ -5,6 +5,7 @@
 #include "qkv/core/random.hpp"
 #include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
+#include "qkv/tasks/dataset.hpp"
 #include "qkv/tasks/task.hpp"
 
 namespace qkv::tasks {
@@ -36,6 +37,8 @@ Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t bat
                  bool mask_padding = true);
 Metrics evaluate(const nn::EncoderDecoder& model, const Task& task, std::size_t batches, std::size_t batch_size,
                  std::uint64_t seed, bool mask_padding = true);
+// Accuracy of a decoder-only `model` on the sequences of a data set (read_dataset).
+Metrics evaluate(const nn::Transformer& model, const Task& task, const Dataset& data, bool mask_padding = true);
 // The same sequences decoded greedily with the KV cache, from the start token alone: a position is
 // right when the generated token is the output's (or the end token after it), a sequence when all
 // are, up to its end token. (Equal to teacher forcing's exact match, but for ties of the logits.)

@@ -68,9 +68,26 @@ std::vector<std::string> saved_token_names(const nlohmann::json& config, std::si
 const TrainOptions& options_of(const RunInfo& run, const char* what) {
   if (run.library_run())
     throw std::runtime_error(fmt::format("{}/config.json: names no task (a library program's run), so there are no "
-                                         "sequences for {}: score it with tasks::evaluate and its own task",
+                                         "sequences for {}: give its sequences as a data file (--data), or score "
+                                         "it with tasks::evaluate and its own task",
                                          run.dir, what));
   return *run.options;
+}
+
+// The model of a decoder-only run, a library program's too, and whether it masks padding keys; an
+// encoder-decoder is refused for `what`.
+struct DecoderRun {
+  std::unique_ptr<nn::Transformer> model;
+  bool mask_padding = true;
+};
+
+DecoderRun decoder_run(const RunInfo& run, const char* what) {
+  if (run.library_run()) return {nn::load_transformer(run.dir), true};
+  if (run.options->encoder_layers)
+    throw std::runtime_error(fmt::format("{}: a {} run, whose model is an encoder-decoder: {} reads decoder-only "
+                                         "models (inspection shows its cross-attention)",
+                                         run.dir, run.options->task, what));
+  return {load_model(run.dir), run.options->mask_padding};
 }
 
 }  // namespace
@@ -142,16 +159,29 @@ nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t
   return out;
 }
 
+nlohmann::json evaluate_run(const std::string& dir, const std::string& data) {
+  const RunInfo run = open_run(dir);
+  const DecoderRun r = decoder_run(run, "an evaluation on a data file");
+  const Dataset d = read_dataset(data, *run.task, run.input_positions);
+  const Metrics m = evaluate(*r.model, *run.task, d, r.mask_padding);
+  return {{"task", run.task->info().name}, {"dir", dir},           {"data", data},
+          {"sequences", d.sequences()},    {"accuracy", m.accuracy}, {"exact_match", m.exact_match}};
+}
+
 analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64_t seed) {
   const RunInfo run = open_run(dir);
   const TrainOptions& o = options_of(run, "an ablation");
-  if (o.encoder_layers)
-    throw std::runtime_error(fmt::format("{}: a {} run, whose model is an encoder-decoder: ablation reads decoder-only "
-                                         "models (inspection shows its cross-attention)",
-                                         dir, o.task));
-  const auto model = load_model(dir);
+  const DecoderRun r = decoder_run(run, "ablation");
   analysis::Ablation a =
-      analysis::ablate(*model, *run.task, task_spec(o.task).corruption, (n + o.batch - 1) / o.batch, o.batch, seed, o.mask_padding);
+      analysis::ablate(*r.model, *run.task, task_spec(o.task).corruption, (n + o.batch - 1) / o.batch, o.batch, seed, o.mask_padding);
+  a.dir = dir;
+  return a;
+}
+
+analysis::Ablation ablate_run(const std::string& dir, const std::string& data) {
+  const RunInfo run = open_run(dir);
+  const DecoderRun r = decoder_run(run, "ablation");
+  analysis::Ablation a = analysis::ablate(*r.model, *run.task, read_dataset(data, *run.task, run.input_positions), r.mask_padding);
   a.dir = dir;
   return a;
 }

@@ -24,13 +24,21 @@ namespace qkv::training {
 // drawn from `seed`, as one JSON object: {task, dir, sequences, seed, accuracy, exact_match}, with
 // for a seq2seq run `generated` (its outputs decoded greedily from the start token), and for a task
 // with longer lengths (brackets: 26-40) `longer`, scored where the model has the positions. A
-// library program's run (no task in its config.json) has no sequences to draw, and is refused.
+// library program's run (no task in its config.json) has no sequences to draw, and is refused:
+// give it a data file, as below.
 nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t seed);
 
 // Every head of a decoder-only run ablated in turn on `n` fresh sequences drawn from `seed` (as
 // evaluate_run draws them), with the task's corruption when it has one. A seq2seq run, or a library
-// program's, is refused.
+// program's (which has no sequences to draw: give it a data file), is refused.
 analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64_t seed);
+
+// The same on the sequences of a data file (tasks::read_dataset: JSON lines of tokens and targets,
+// read as the run's tokens), for any decoder-only run, a library program's too: {task, dir, data,
+// sequences, accuracy, exact_match}; and each head ablated on them, patched where the file gives
+// corrupted tokens. An encoder-decoder run is refused.
+nlohmann::json evaluate_run(const std::string& dir, const std::string& data);
+analysis::Ablation ablate_run(const std::string& dir, const std::string& data);
 
 // A run folder's config.json, read once: the run's task and, for a `qkv train` run, its options.
 struct RunInfo {

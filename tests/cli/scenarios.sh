@@ -232,7 +232,20 @@ case "$scenario" in
     expect 2 "--layers: must be a whole number"
     run "$qkv" eval run --n 0
     expect 2 "--n: must be a whole number"
+    run "$qkv" ablate run --data held_out.jsonl --seed 3
+    expect 2 "--seed excludes --data"
     [ ! -e runs ] || fail "a refused command wrote runs/"
+    ;;
+  data-file)  # a run scored on sequences of its own (brackets' text puts BOS first): a bad line is named, the run untouched
+    small_run
+    printf '%s\n' '{"tokens": "(())", "targets": [-100, -100, -100, 2, 1]}' > good.jsonl
+    out="$("$qkv" eval run --data good.jsonl)" || fail "eval --data failed"
+    grep -q '"sequences":1' <<<"$out" || fail "eval --data: $out"
+    before="$(checksum)"
+    printf '%s\n' '{"tokens": "(())", "targets": [-100, -100, -100, 2, 1]}' '{"tokens": "(()", "targets": [0, 1, 2, 9]}' > bad.jsonl
+    run "$qkv" ablate run --data bad.jsonl
+    expect 1 "bad.jsonl line 2: 'targets'[3] is 9, not a key position 0-3"
+    [ "$(checksum)" = "$before" ] || fail "a refused data file changed the run"
     ;;
   masks-and-lengths)  # a mask per layer, recorded; positions past the task's, scored by eval
     "$qkv" train brackets --out run --steps 20 --attention causal,bidirectional --max-len 65 \

@@ -9,6 +9,7 @@
 
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/circuits.hpp"
+#include "qkv/tasks/dataset.hpp"
 #include "qkv/tasks/vocabulary_task.hpp"
 #include "qkv/training/run_analysis.hpp"
 
@@ -134,9 +135,34 @@ TEST_CASE("inspect refuses a model whose token tables would not fit in memory, b
   CHECK_THROWS_WITH(analysis::inspect(model, task, {1, 2, 3}), Contains("a vocabulary of 200000") && Contains("GiB"));
 }
 
-TEST_CASE("evaluation and ablation refuse a library program's run, naming its config.json") {
+TEST_CASE("a library program's run is evaluated and ablated on a data file, and fresh sequences are refused naming config.json") {
   const std::string dir = scratch("library-run-eval");
   write_library_run(dir);
-  CHECK_THROWS_WITH(training::evaluate_run(dir, 64, 1), Contains(dir + "/config.json: names no task (a library program's run)"));
+  CHECK_THROWS_WITH(training::evaluate_run(dir, 64, 1),
+                    Contains(dir + "/config.json: names no task (a library program's run)") && Contains("--data"));
   CHECK_THROWS_WITH(training::ablate_run(dir, 64, 1), Contains("no sequences for an ablation"));
+
+  // Two sequences of the model's own pointers: the first's targets are its predictions (all right),
+  // the second's are each moved one key along (all wrong): accuracy 1/2, one of two exact.
+  const auto model = nn::load_transformer(dir);
+  const IndexArray tokens = {{1, 4, 0, 2}, {3, 3, 1, 0}};
+  const IndexArray predicted = nn::Transformer::predictions(model->forward(tokens).logits);
+  IndexArray targets = predicted;
+  for (std::size_t t = 0; t < 4; ++t) targets(1, t) = (predicted(1, t) + 1) % 4;
+  tasks::write_dataset(dir + "/data.jsonl", {{.tokens = tokens, .targets = targets}});
+  const nlohmann::json result = training::evaluate_run(dir, dir + "/data.jsonl");
+  CHECK(result.at("task") == "run");
+  CHECK(result.at("sequences") == 2);
+  CHECK(result.at("accuracy") == 0.5);
+  CHECK(result.at("exact_match") == 0.5);
+
+  const analysis::Ablation a = training::ablate_run(dir, dir + "/data.jsonl");
+  CHECK(a.dir == dir);
+  CHECK(a.data == dir + "/data.jsonl");
+  CHECK(a.clean.accuracy == 0.5);
+  CHECK_FALSE(a.corrupted);  // the file gives no corrupted tokens
+  REQUIRE(a.heads.size() == 4);
+  CHECK(a.heads[0].read);
+  CHECK_FALSE(a.heads[2].read);  // the readout is layer 1's head-0 scores
+  CHECK_THROWS_WITH(training::evaluate_run(dir, dir + "/none.jsonl"), Contains(dir + "/none.jsonl"));
 }
