@@ -13,7 +13,7 @@ namespace qkv {
 
 namespace {
 
-const auto keep = xt::keep_dims | xt::evaluation_strategy::immediate;
+using detail::keep;
 
 struct Reduction {
   Shape in, kept, out;  // input, with reduced axes as 1, and the output (kept or dropped)

@@ -17,7 +17,7 @@ namespace qkv {
 
 namespace {
 
-const auto keep = xt::keep_dims | xt::evaluation_strategy::immediate;
+using detail::keep;
 
 // Per row: the max to subtract (0 for a row that is all -inf, so that exp gives 0s, not NaN),
 // the shifted exponentials, and their sum.

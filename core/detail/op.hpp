@@ -14,6 +14,7 @@
 #include <utility>
 
 #include <xtensor/xmath.hpp>
+#include <xtensor/xreducer.hpp>
 #include <xtensor/xtensor.hpp>
 
 #include "qkv/core/autograd.hpp"
@@ -21,6 +22,9 @@
 #include "qkv/core/detail/node.hpp"
 
 namespace qkv::detail {
+
+// Reducer options: keep the reduced axes (as 1s), and evaluate now.
+inline const auto keep = xt::keep_dims | xt::evaluation_strategy::immediate;
 
 // exp of an array or expression. float64 goes element by element through std::exp: xsimd's
 // float64 exp converts its range reduction to int64 one lane at a time in plain C++, undefined
