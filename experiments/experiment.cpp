@@ -35,29 +35,6 @@ std::string variant_of(const nn::TransformerConfig& c) {
   return nn::name_of(c.qk);  // untied, tied or symmetric
 }
 
-// σ of the head the task reads: head 0 of the last layer.
-double readout_sigma(const nn::Transformer& m) { return nn::symmetric_share(nn::qk_circuit(m.blocks.back()->attn, 0)); }
-
-// Unpadded held-out sequences, one at a time.
-std::vector<std::vector<std::int64_t>> held_out_sequences(const Task& task, std::size_t n, std::uint64_t seed) {
-  Generator gen(seed ^ 0x5eedf00dULL);
-  std::vector<std::vector<std::int64_t>> out;
-  for (std::size_t i = 0; i < n; ++i) {
-    const Batch b = task.sample(1, gen);
-    out.push_back(task.encode(task.decode(std::vector<std::int64_t>(b.tokens.begin(), b.tokens.end()))));
-  }
-  return out;
-}
-
-// The readout head's softmax-invariant score asymmetry, averaged over the inputs that have one; null
-// when none has (a causal model).
-Json readout_score_asymmetry(const nn::Transformer& m, const std::vector<std::vector<std::int64_t>>& inputs) {
-  double total = 0, n = 0;
-  for (const auto& input : inputs)
-    if (const std::optional<double> a = score_asymmetries(m, input).back()[0]) total += *a, ++n;
-  return n > 0 ? Json(total / n) : Json(nullptr);
-}
-
 std::string mean_sd(const std::vector<double>& v, const char* format) {
   const Stats s = stats(v);
   if (s.n == 0) return "-";
@@ -143,15 +120,6 @@ void set_variant(TrainOptions& o, const std::string& variant) {
   o.model.proj = nn::from_name(nn::all_projections, variant).value_or(nn::Projection::learned);
 }
 
-std::vector<std::size_t> curve_steps(std::size_t steps) {
-  std::vector<std::size_t> out = {0};
-  for (std::size_t decade = 10; decade < steps; decade *= 10)
-    for (const std::size_t m : {1, 2, 3, 5})
-      if (m * decade < steps) out.push_back(m * decade);
-  if (steps > 0) out.push_back(steps);
-  return out;
-}
-
 ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progress, bool tty) {
   const ExperimentSpec& spec = experiment_spec(e.name);
   const std::vector<ExperimentConfig> configs = spec.plan(e);
@@ -176,70 +144,27 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
       o.seed = seed;
       o.out = fmt::format("{}/runs/{:02}-seed{}", out, c, seed);
       o.force = true;  // the experiment's own runs: a rerun replaces them
-      const auto task = make_task(o.task, o.n);
-      const auto sequences = held_out_sequences(*task, 16, seed);
-      const TaskSpec& task_info = task_spec(o.task);
       Json run = {{"experiment", e.name},
                   {"task", o.task},
                   {"variant", variant_of(o.model)},
                   {"embeddings", o.model.frozen_embeddings ? "frozen" : "learned"},
                   {"seed", seed},
                   {"labels", config.labels}};
-      if (spec.at_init) {
-        Generator gen(o.seed);  // the same init as train()'s
-        nn::Transformer init(o.model, gen);
-        spec.at_init(run, init, *task, sequences, seed);
-      }
-      // The curve: accuracy (on the final evaluation's held-out sequences), σ, asymmetry and the
-      // task's probe at log-spaced steps, from the init (step 0) to the end.
-      const std::vector<std::size_t> at = curve_steps(o.steps);
-      Json curve = Json::array();
       std::vector<std::string> violations;
-      const auto observe = [&](std::size_t step, const nn::Transformer& model) {
-        if (!std::binary_search(at.begin(), at.end(), step)) return;
-        Json point = {{"step", step},
-                      {"accuracy", evaluate(model, *task, o.eval_batches, o.batch, o.seed, o.mask_padding).accuracy},
-                      {"sigma", readout_sigma(model)},
-                      {"score_asymmetry", readout_score_asymmetry(model, sequences)}};
-        if (task_info.probe) {
-          const Probe probe = task_info.probe(model, seed);
-          for (const auto& [key, value] : probe.values) point[key] = value;
-          for (const std::string& v : probe.violations) violations.push_back(fmt::format("at step {}: {}", step, v));
-        }
-        curve.push_back(std::move(point));
-      };
       progress << fmt::format("[{:>3}/{}] {}, seed {}", done + 1, total, label_text(config.labels), seed)
                << (tty ? "\n" : "") << std::flush;
-      TrainResult r;
       try {
-        r = train(o, tty ? progress : quiet, tty, observe);
+        sweep::measure_run(run, o, {.at_init = spec.at_init, .at_end = spec.at_end}, violations, tty ? progress : quiet, tty);
       } catch (const Interrupted& stopped) {
         throw Interrupted(stopped.signal, fmt::format("interrupted in the run in {}: the experiment wrote no results; "
                                                       "run it again with --force",
                                                       o.out));
       }
-      if (curve.empty() || curve.front()["step"] != 0 || curve.back()["step"] != r.steps)
-        throw std::logic_error(fmt::format("{}: the run's curve does not run from step 0 to step {}", o.out, r.steps));
-      const Json& first = curve.front();
-      const Json& last = curve.back();
-      run["accuracy"] = r.eval.accuracy;
-      run["steps_to_target"] = r.steps_to_target ? Json(*r.steps_to_target) : Json(nullptr);
-      run["target"] = o.target;
-      run["steps"] = r.steps;
-      run["seconds"] = r.seconds;
-      run["sigma_init"] = first["sigma"];
-      run["sigma"] = last["sigma"];
-      run["score_asymmetry_init"] = first["score_asymmetry"];
-      run["score_asymmetry"] = last["score_asymmetry"];
-      if (spec.at_end) spec.at_end(run, *load_model(o.out), sequences);
-      for (const auto& [key, value] : last.items())  // the probe's values at the end
-        if (!run.contains(key) && key != "step") run[key] = value;
-      run["curve"] = std::move(curve);
-      run["config"] = Json::parse(nn::read_file(o.out + "/config.json", 1 << 20));  // as train recorded it
-      progress << fmt::format("{}: accuracy {:.4f}, {}, {:.1f} s\n", tty ? "  done" : "", r.eval.accuracy,
-                              r.steps_to_target ? fmt::format("target at step {}", *r.steps_to_target)
-                                                : std::string("target not reached"),
-                              r.seconds)
+      progress << fmt::format("{}: accuracy {:.4f}, {}, {:.1f} s\n", tty ? "  done" : "", run["accuracy"].get<double>(),
+                              run["steps_to_target"].is_null()
+                                  ? std::string("target not reached")
+                                  : fmt::format("target at step {}", run["steps_to_target"].get<std::size_t>()),
+                              run["seconds"].get<double>())
                << std::flush;
       for (const std::string& violation : violations)
         result.warnings.push_back(fmt::format("{}, seed {}, {}", label_text(config.labels), seed, violation));

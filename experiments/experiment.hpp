@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qkv/sweep/measure.hpp"
 #include "qkv/tasks/task.hpp"
 #include "qkv/training/trainer.hpp"
 #include "qkv/tasks/registry.hpp"
@@ -58,7 +59,7 @@ struct ExperimentConfig {
 };
 
 // Unpadded held-out sequences of a run's task, on which its numbers are measured.
-using Sequences = std::vector<std::vector<std::int64_t>>;
+using sweep::Sequences;
 
 // Everything the program knows about an experiment; nothing else names it.
 struct ExperimentSpec {
@@ -85,9 +86,8 @@ TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e,
 // Projections by name: untied, tied, symmetric (QK names), identity or frozen (projections).
 void set_variant(TrainOptions& o, const std::string& variant);
 
-// The steps at which a run's curve is measured: 0 (the init), 10, 20, 30, 50, 100, … (1, 2, 3, 5
-// per decade) below `steps`, and `steps`.
-std::vector<std::size_t> curve_steps(std::size_t steps);
+// The steps at which a run's curve is measured (sweep::curve_steps).
+using sweep::curve_steps;
 
 // The markdown table of an experiment's runs: a row per configuration (the runs with the same
 // labels) with the mean ± std over its seeds of the accuracy at step report_step (of runs that

@@ -1,0 +1,51 @@
+#pragma once
+// One run of a sweep (or of an experiment, which is a sweep with measurements of its own):
+// trained, and measured along the way. Its numbers are those `qkv experiment` has always recorded:
+// held-out accuracy, σ of the readout head's QK circuit, its score asymmetry and the task's probe
+// at log-spaced steps (the curve), and at the end the steps to the task's target.
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "qkv/nn/transformer.hpp"
+#include "qkv/tasks/task.hpp"
+#include "qkv/tasks/train_options.hpp"
+
+namespace qkv::sweep {
+
+using tasks::Task;
+using tasks::TrainOptions;
+
+// Unpadded held-out sequences of a run's task, on which its σ, asymmetry and extras are measured.
+using Sequences = std::vector<std::vector<std::int64_t>>;
+// `n` of them, the same for a task and seed whatever else the run is.
+Sequences held_out_sequences(const Task& task, std::size_t n, std::uint64_t seed);
+
+// The steps at which a run's curve is measured: 0 (the init), 10, 20, 30, 50, 100, … (1, 2, 3, 5
+// per decade) below `steps`, and `steps`.
+std::vector<std::size_t> curve_steps(std::size_t steps);
+
+// Measurements a run adds to the built-in ones (an experiment's): of the model at init (before
+// training: the same init as train's) and of the trained one, into the run's JSON object.
+struct Extras {
+  std::function<void(nlohmann::ordered_json& run, nn::Transformer& init, const Task& task, const Sequences& sequences,
+                     std::uint64_t seed)>
+      at_init{};
+  std::function<void(nlohmann::ordered_json& run, const nn::Transformer& trained, const Sequences& sequences)> at_end{};
+};
+
+// Trains `options` (its out and seed set; a run already there is replaced when options.force) and
+// adds to `run`, in this order: the extras at init, accuracy, steps_to_target, target, steps,
+// seconds, sigma_init, sigma, score_asymmetry_init, score_asymmetry, the extras at the end, the
+// probe's values at the end, curve (a point a curve step: step, accuracy, sigma, score_asymmetry,
+// the probe's values) and config (config.json as train recorded it). A probe's broken bounds are
+// appended to `violations`, each with its step. Progress goes to `progress` as train shows it
+// (an in-place line when `tty`).
+void measure_run(nlohmann::ordered_json& run, const TrainOptions& options, const Extras& extras,
+                 std::vector<std::string>& violations, std::ostream& progress, bool tty);
+
+}  // namespace qkv::sweep
