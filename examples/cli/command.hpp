@@ -28,6 +28,7 @@ void add_ablate(CLI::App& app, Command& run);
 void add_generate(CLI::App& app, Command& run);
 void add_inspect(CLI::App& app, Command& run);
 void add_experiment(CLI::App& app, Command& run);
+void add_sweep(CLI::App& app, Command& run);
 
 // A bad command line: the program exits with code 2, naming the option.
 template <class... Args>

@@ -247,6 +247,30 @@ case "$scenario" in
     expect 1 "bad.jsonl line 2: 'targets'[3] is 9, not a key position 0-3"
     [ "$(checksum)" = "$before" ] || fail "a refused data file changed the run"
     ;;
+  sweep)  # a grid of runs: listed, run on two processes, skipped when rerun, merged; bad files named
+    cat > grid.json <<'EOF2'
+{"tasks": ["rps", "cycle"], "grid": {"qk": ["untied", "tied"]}, "fixed": {"steps": 20, "layers": 1}, "seeds": {"start": 3, "count": 2}}
+EOF2
+    [ "$("$qkv" sweep grid.json --list | wc -l)" -eq 8 ] || fail "--list did not print 8 runs"
+    "$qkv" sweep grid.json --out grid -j 2 > summary.txt 2> progress.txt || fail "the sweep failed: $(cat progress.txt)"
+    [ "$(wc -l < grid/results.jsonl)" -eq 8 ] || fail "results.jsonl has not 8 lines"
+    [ "$(wc -l < grid/results.csv)" -eq 9 ] || fail "results.csv has not a header and 8 rows"
+    grep -q "| cycle | tied | 2 | 0 |" summary.txt || fail "summary: $(cat summary.txt)"
+    before="$(sha256sum grid/results/*)"
+    "$qkv" sweep grid.json --out grid -j 2 > /dev/null 2> again.txt || fail "the rerun failed"
+    grep -q ": accuracy" again.txt && fail "the rerun trained again: $(cat again.txt)"
+    [ "$before" = "$(sha256sum grid/results/*)" ] || fail "the rerun changed the results"
+    "$qkv" sweep grid.json --out grid --collect > /dev/null || fail "--collect failed"
+    sed 's/"steps": 20/"steps": 0/' grid.json > bad.json
+    run "$qkv" sweep bad.json --out bad
+    expect 1 "bad.json: 'fixed' 'steps': must be a whole number from 1 to 1000000000, got '0'"
+    [ ! -e bad ] || fail "a refused sweep wrote its folder"
+    run "$qkv" sweep grid.json --out grid --index 2 --of 2
+    expect 2 "--index: must be below --of (2), got 2"
+    mkdir mine && echo mine > mine/notes.txt
+    run "$qkv" sweep grid.json --out mine
+    expect 2 "--out mine: holds files of something other than a sweep"
+    ;;
   masks-and-lengths)  # a mask per layer, recorded; positions past the task's, scored by eval
     "$qkv" train brackets --out run --steps 20 --attention causal,bidirectional --max-len 65 \
       --positions sinusoidal >/dev/null 2>&1 || fail "the run did not train"

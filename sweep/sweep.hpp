@@ -1,0 +1,98 @@
+#pragma once
+// `qkv sweep FILE --out DIR`: any grid of runs, on every core, or sliced across the workers of a
+// cluster. A sweep file names the runs:
+//
+//   {"tasks": ["rps", "cycle"], "grid": {"qk": ["untied", "tied"]}, "fixed": {"steps": 300},
+//    "seeds": {"start": 3, "count": 2}}
+//
+// is 8 runs: each task × the product of the grid's lists × each seed, every run with the fixed
+// options. Options are `qkv train`'s long options without dashes (training/run_options.hpp).
+//
+// DIR holds sweep.json (the file last run there), a run folder a run (runs/ID/, as `qkv train
+// --out` writes it), and a result a finished or failed run (results/ID.json). A worker walks the
+// runs, takes each free one's lock (runs/ID.lock), trains and measures it (measure.hpp) and writes
+// its result; a run with a result is finished. So any number of workers — processes of one
+// machine, tasks of a Slurm array, MPI ranks — share one DIR: none runs a run another holds, and a
+// killed worker's run (its lock gone, no result) is trained again on the next pass. Collecting
+// merges the results into DIR/results.jsonl, DIR/results.csv and DIR/summary.md.
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "qkv/tasks/train_options.hpp"
+
+namespace qkv::sweep {
+
+using tasks::TrainOptions;
+
+struct Run {
+  // Stable: the task, the grid's values, the seed, and 8 hex digits of a hash of every option and
+  // the seed ("rps-qk=tied-seed3-1f0c9a2b"), so that a run whose fixed options change is another run.
+  std::string id;
+  std::string task;
+  nlohmann::ordered_json options;  // every option the file gives it (fixed, then grid), by name
+  std::uint64_t seed = 0;
+  TrainOptions train;  // what it trains, checked (check_options); out unset
+};
+
+struct Sweep {
+  std::string file;
+  nlohmann::ordered_json spec;         // the file's JSON
+  std::vector<std::string> grid_keys;  // what varies beside the task and the seed, in the file's order
+  // Task by task, then the grid's product (its last key varying fastest), then seed by seed.
+  std::vector<Run> runs;
+};
+
+// The most runs a sweep may name.
+inline constexpr std::size_t max_runs = 1'000'000;
+
+// A sweep file read and every run planned and checked, before anything runs: throws
+// std::invalid_argument naming the file and the key at fault (an unknown key or option, a value the
+// option refuses, a task qkv does not know, options that do not go together, naming the run).
+Sweep read_sweep(const std::string& path);
+Sweep parse_sweep(const nlohmann::ordered_json& spec, const std::string& file);
+
+struct WorkerOptions {
+  std::string out;             // DIR
+  std::size_t jobs = 1;        // processes of this worker, each running one run at a time
+  std::size_t index = 0, of = 1;  // the slice this worker runs: the runs at positions index, index + of, …
+};
+
+struct WorkerReport {
+  std::size_t ran = 0, failed = 0;  // runs this worker trained (failed: recorded with their error)
+  std::size_t finished = 0;         // runs of its slice finished before it started
+  std::size_t busy = 0;             // runs of its slice another worker held
+};
+
+// Prepares DIR (refusing a folder that holds something other than a sweep, before writing to it),
+// then runs the slice's runs that have not finished (no result, or a failed one's): with jobs > 1
+// in as many child processes, each single-threaded. Progress, a line a run, goes to `progress`. A
+// run that fails records its error as its result and the worker goes on. Ctrl-C or TERM stop the runs in progress (a stopped run
+// writes no result) and throw training::Interrupted.
+WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& options, std::ostream& progress);
+
+struct Collected {
+  nlohmann::ordered_json results;   // a result a run, in the sweep's order (missing ones left out)
+  std::vector<std::string> missing;  // runs without a result
+  std::size_t failed = 0;
+  std::string summary;  // markdown: a row a configuration
+};
+
+// Merges DIR's results of the sweep's runs into DIR/results.jsonl, DIR/results.csv and
+// DIR/summary.md. A run without a result is an error naming it (std::runtime_error), unless
+// `partial`, which merges what there is.
+Collected collect(const Sweep& sweep, const std::string& out, bool partial);
+
+// The summary of results: a row per configuration (the runs that differ only in their seed) with
+// the runs, the failed ones, the final accuracy's mean ± sd and "k of n" seeds that reached the
+// task's target with a 95% Wilson interval.
+std::string summary_table(const Sweep& sweep, const nlohmann::ordered_json& results);
+
+// The 95% Wilson score interval of k successes in n trials.
+std::pair<double, double> wilson_interval(std::size_t k, std::size_t n);
+
+}  // namespace qkv::sweep

@@ -1,0 +1,238 @@
+#include "tests/helpers.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "qkv/nn/files.hpp"
+#include "qkv/sweep/sweep.hpp"
+#include "qkv/tasks/registry.hpp"
+#include "qkv/training/trainer.hpp"
+
+using namespace qkv;
+using namespace qkv::test;
+using namespace qkv::sweep;
+using Catch::Matchers::Contains;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+Sweep parsed(const std::string& text) { return parse_sweep(Json::parse(text), "s.json"); }
+
+std::string refusal(const std::string& text) {
+  return invalid_argument_message([&] { parsed(text); });
+}
+
+std::vector<std::string> ids(const Sweep& s) {
+  std::vector<std::string> out;
+  for (const Run& r : s.runs) out.push_back(r.id);
+  return out;
+}
+
+// A result without what differs between two trainings of the same run: the seconds.
+Json timeless(Json result) {
+  result.erase("seconds");
+  result["config"].erase("blas");
+  return result;
+}
+
+// The results in DIR, by id.
+std::map<std::string, Json> results_in(const std::string& dir) {
+  std::map<std::string, Json> out;
+  std::ifstream in(dir + "/results.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    Json j = Json::parse(line);
+    out[j["id"]] = timeless(j);
+  }
+  return out;
+}
+
+const char* const small = R"({"tasks": ["rps", "cycle"], "grid": {"qk": ["untied", "tied"]},
+                              "fixed": {"steps": 30, "layers": 1}, "seeds": {"start": 3, "count": 2}})";
+
+}  // namespace
+
+TEST_CASE("a sweep file names the product of its tasks, grid and seeds, each run with a stable id") {
+  const Sweep s = parsed(small);
+  REQUIRE(s.runs.size() == 8);
+  CHECK(s.grid_keys == std::vector<std::string>{"qk"});
+  // Task by task, then the grid, then the seeds.
+  const std::vector<std::string> order = {"rps qk=untied 3", "rps qk=untied 4", "rps qk=tied 3", "rps qk=tied 4",
+                                          "cycle qk=untied 3", "cycle qk=untied 4", "cycle qk=tied 3", "cycle qk=tied 4"};
+  for (std::size_t i = 0; i < 8; ++i) {
+    const Run& r = s.runs[i];
+    CHECK(fmt::format("{} qk={} {}", r.task, r.options["qk"].get<std::string>(), r.seed) == order[i]);
+    CHECK(r.id.starts_with(fmt::format("{}-qk={}-seed{}-", r.task, r.options["qk"].get<std::string>(), r.seed)));
+    CHECK(r.train.steps == 30);
+    CHECK(r.train.model.layers == 1);
+    CHECK(r.train.seed == r.seed);
+    CHECK(r.train.model.qk == (r.options["qk"] == "tied" ? nn::QK::tied : nn::QK::untied));
+    CHECK(r.train.target == tasks::task_spec(r.task).target);
+  }
+  // Ids: unique; the same however the file spells the values; another fixed value, another id.
+  std::vector<std::string> unique = ids(s);
+  std::sort(unique.begin(), unique.end());
+  CHECK(std::unique(unique.begin(), unique.end()) == unique.end());
+  CHECK(ids(parsed(R"({"seeds": {"count": 2, "start": 3}, "fixed": {"layers": "1", "steps": "30"},
+                       "tasks": ["rps", "cycle"], "grid": {"qk": ["untied", "tied"]}})")) == ids(s));
+  const Sweep longer = parsed(R"({"tasks": ["rps", "cycle"], "grid": {"qk": ["untied", "tied"]},
+                                  "fixed": {"steps": 31, "layers": 1}, "seeds": {"start": 3, "count": 2}})");
+  CHECK(longer.runs[0].id.substr(0, 20) == s.runs[0].id.substr(0, 20));
+  CHECK(longer.runs[0].id != s.runs[0].id);
+  // Two grid keys: the last varies fastest; no grid and no seeds: one run a task, seed 0.
+  const Sweep two = parsed(R"({"tasks": ["line"], "grid": {"d-model": [16, 32], "no-scale": [false, true]}, "fixed": {"steps": 5}})");
+  REQUIRE(two.runs.size() == 4);
+  CHECK(two.runs[1].options["d-model"] == 16);
+  CHECK(two.runs[1].options["no-scale"] == true);
+  CHECK_FALSE(two.runs[1].train.model.scale);
+  CHECK(two.runs[2].train.model.d_model == 32);
+  CHECK(parsed(R"({"tasks": ["brackets"]})").runs.size() == 1);
+  CHECK(parsed(R"({"tasks": ["brackets"]})").runs[0].seed == 0);
+}
+
+TEST_CASE("a sweep file is refused before anything runs, naming the key and the run at fault") {
+  CHECK_THAT(refusal("[1]"), Contains("s.json: a sweep is one JSON object"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grids": {}})"), Contains("unknown key 'grids'"));
+  CHECK_THAT(refusal(R"({"grid": {}})"), Contains("'tasks' is missing"));
+  CHECK_THAT(refusal(R"({"tasks": []})"), Contains("'tasks' must be a list of one or more"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps", "chess"]})"), Contains("'tasks'[1]: ") && Contains("chess"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps", "rps"]})"), Contains("'tasks'[1]: 'rps' is listed twice"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"width": [1]}})"), Contains("'grid' 'width' is not an option of qkv train"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"seed": [1, 2]}})"), Contains("'grid' 'seed': the seeds are given by"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "fixed": {"out": "x"}})"), Contains("'fixed' 'out' is not an option"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"steps": [10, 0]}})"),
+             Contains("'grid' 'steps'[1]: must be a whole number from 1 to 1000000000, got '0'"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"qk": "tied"}})"), Contains("'grid' 'qk' must be a list"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"qk": ["tied", "tied"]}})"), Contains("'grid' 'qk'[1]: \"tied\" is listed twice"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"qk": ["tied"]}, "fixed": {"qk": "untied"}})"),
+             Contains("'qk' is both in 'grid' and in 'fixed'"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "fixed": {"d_model": 16, "d-model": 32}})"), Contains("'d-model' is given twice"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "seeds": {"count": 0}})"), Contains("'seeds' 'count': must be a whole number from 1"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "seeds": {"first": 0}})"), Contains("'seeds': unknown key 'first'"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "seeds": {"start": 18446744073709551615, "count": 2}})"),
+             Contains("past the largest seed"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"steps": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}, "seeds": {"count": 100001}})"),
+             Contains("names more than 1000000 runs"));
+  // A value only some tasks refuse, or options that do not go together: the run is named.
+  CHECK_THAT(refusal(R"({"tasks": ["line", "rps"], "fixed": {"n": 5}})"), Contains("run rps-seed0-") && Contains("'n' rps: the rps task takes no size"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"heads": [2, 3]}, "fixed": {"d-model": 32}})"),
+             Contains("run rps-heads=3-seed0-") && Contains("'heads'"));
+}
+
+TEST_CASE("a sweep's runs on two processes, or in two slices, give the results of each run trained alone") {
+  const Sweep s = parsed(small);
+  const std::string dir = scratch("sweep");
+  std::ostringstream progress;
+  WorkerReport r = run_workers(s, {.out = dir + "/parallel", .jobs = 2}, progress);
+  CHECK(r.ran == 8);
+  CHECK(r.failed == 0);
+  const Collected c = collect(s, dir + "/parallel", false);
+  REQUIRE(c.results.size() == 8);
+  CHECK(c.missing.empty());
+  for (std::size_t i = 0; i < 8; ++i) CHECK(c.results[i]["id"] == s.runs[i].id);  // the sweep's order
+
+  // Two slices, one after the other, in one process each.
+  for (std::size_t i = 0; i < 2; ++i) {
+    r = run_workers(s, {.out = dir + "/sliced", .jobs = 1, .index = i, .of = 2}, progress);
+    CHECK(r.ran == 4);
+  }
+  collect(s, dir + "/sliced", false);
+  const auto parallel = results_in(dir + "/parallel"), sliced = results_in(dir + "/sliced");
+  REQUIRE(parallel.size() == 8);
+  for (const auto& [id, result] : parallel) {
+    CHECK(result["status"] == "ok");
+    CHECK(result.dump() == timeless(sliced.at(id)).dump());
+  }
+
+  // One run trained alone with the same options: the same accuracy, to the bit.
+  tasks::TrainOptions alone = s.runs[5].train;
+  alone.out = dir + "/alone";
+  std::ostringstream quiet;
+  const training::TrainResult trained = training::train(alone, quiet, false);
+  CHECK(parallel.at(s.runs[5].id)["accuracy"].get<double>() == trained.eval.accuracy);
+  CHECK(nn::read_file(alone.out + "/model.safetensors", 1 << 24) ==
+        nn::read_file(dir + "/parallel/runs/" + s.runs[5].id + "/model.safetensors", 1 << 24));
+
+  // A rerun has nothing left to do.
+  r = run_workers(s, {.out = dir + "/parallel", .jobs = 2}, progress);
+  CHECK(r.ran == 0);
+  CHECK(r.finished == 8);
+}
+
+TEST_CASE("a sweep's worker leaves a run another one holds, and collecting names the runs without a result") {
+  const Sweep s = parsed(R"({"tasks": ["rps"], "fixed": {"steps": 20, "layers": 1}, "seeds": {"count": 3}})");
+  const std::string dir = scratch("sweep_busy");
+  std::filesystem::create_directories(dir + "/runs");
+  std::filesystem::create_directories(dir + "/results");
+  nn::write_atomically(dir + "/sweep.json", "{}");
+  // Another worker holds the second run.
+  const int fd = ::open((dir + "/runs/" + s.runs[1].id + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  std::ostringstream progress;
+  const WorkerReport r = run_workers(s, {.out = dir, .jobs = 1}, progress);
+  CHECK(r.ran == 2);
+  CHECK(r.busy == 1);
+  CHECK_THROWS_WITH(collect(s, dir, false), Contains("1 of 3 runs have no result yet (" + s.runs[1].id + ")") &&
+                                                 Contains("--partial"));
+  const Collected partial = collect(s, dir, true);
+  CHECK(partial.results.size() == 2);
+  CHECK(partial.missing == std::vector<std::string>{s.runs[1].id});
+  ::close(fd);
+  // Its worker killed (the lock gone, a run folder half written): the next pass trains it from the start.
+  std::filesystem::create_directories(dir + "/runs/" + s.runs[1].id);
+  std::ofstream(dir + "/runs/" + s.runs[1].id + "/metrics.jsonl") << "{\"step\": 1";
+  CHECK(run_workers(s, {.out = dir, .jobs = 1}, progress).ran == 1);
+  CHECK(collect(s, dir, false).results.size() == 3);
+}
+
+TEST_CASE("a failed run is recorded with its error, the others go on, and a folder that is not a sweep's is refused") {
+  // A model too large for memory passes the file's checks and fails when it trains.
+  const Sweep s = parsed(R"({"tasks": ["rps"], "grid": {"d-model": [16, 200000]}, "fixed": {"steps": 10, "layers": 1, "heads": 1}})");
+  const std::string dir = scratch("sweep_failed");
+  std::ostringstream progress;
+  const WorkerReport r = run_workers(s, {.out = dir + "/out", .jobs = 1}, progress);
+  CHECK(r.ran == 2);
+  CHECK(r.failed == 1);
+  const Collected c = collect(s, dir + "/out", false);
+  CHECK(c.failed == 1);
+  CHECK(c.results[0]["status"] == "ok");
+  CHECK(c.results[1]["status"] == "failed");
+  CHECK_THAT(c.results[1]["error"].get<std::string>(), Contains("this machine has available"));
+  CHECK_THAT(c.summary, Contains("| rps | 200000 | 1 | 1 | - | - |"));
+  CHECK_THAT(progress.str(), Contains(s.runs[1].id + ": FAILED: "));
+
+  std::filesystem::create_directories(dir + "/mine");
+  std::ofstream(dir + "/mine/notes.txt") << "mine";
+  CHECK_THROWS_WITH(run_workers(s, {.out = dir + "/mine", .jobs = 1}, progress), Contains("holds files of something other than a sweep"));
+  CHECK(std::filesystem::directory_iterator(dir + "/mine")->path().filename() == "notes.txt");
+}
+
+TEST_CASE("the summary: a row a configuration with k of n seeds past the target and its Wilson interval") {
+  // Wilson 95% intervals by hand: 0 of 10 → 0–27.75%, 2 of 10 → 5.67–50.98%, 10 of 10 → 72.25–100%.
+  auto [lo, hi] = wilson_interval(0, 10);
+  CHECK(lo == 0);
+  CHECK(hi == Approx(0.27753).margin(5e-5));
+  std::tie(lo, hi) = wilson_interval(2, 10);
+  CHECK(lo == Approx(0.05668).margin(5e-5));
+  CHECK(hi == Approx(0.50984).margin(5e-5));
+  std::tie(lo, hi) = wilson_interval(10, 10);
+  CHECK(lo == Approx(0.72247).margin(5e-5));
+  CHECK(hi == 1);
+
+  const Sweep s = parsed(R"({"tasks": ["rps"], "grid": {"qk": ["untied", "tied"]}, "seeds": {"count": 3}})");
+  Json results = Json::array();
+  const double accuracy[] = {1.0, 0.995, 0.5, 0.2, 0.4, 0.3};  // target 0.99: 2 of 3 untied, 0 of 3 tied
+  for (std::size_t i = 0; i < 6; ++i)
+    results.push_back({{"id", s.runs[i].id}, {"task", "rps"}, {"seed", s.runs[i].seed}, {"options", s.runs[i].options},
+                       {"status", "ok"}, {"accuracy", accuracy[i]}, {"target", 0.99}});
+  const std::string table = summary_table(s, results);
+  CHECK_THAT(table, Contains("| rps | untied | 3 | 0 | 0.832 ± 0.287 (n = 3) | 2 of 3 at 99% (21–94%) |"));
+  CHECK_THAT(table, Contains("| rps | tied | 3 | 0 | 0.300 ± 0.100 (n = 3) | 0 of 3 at 99% (0–56%) |"));
+}
