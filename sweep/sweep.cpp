@@ -198,9 +198,9 @@ WorkerReport walk(const Sweep& sweep, const WorkerOptions& w, std::ostream& prog
   return report;
 }
 
-// DIR made ready: a new or empty folder, or one a sweep wrote (it has sweep.json); anything else
-// is refused before it is written to.
-void prepare(const Sweep& sweep, const std::string& out) {
+}  // namespace
+
+void prepare_folder(const Sweep& sweep, const std::string& out) {
   std::error_code error;
   if (fs::exists(out, error)) {
     if (!fs::is_directory(out, error)) throw training::UsageError(fmt::format("--out {}: is not a folder", out));
@@ -211,8 +211,13 @@ void prepare(const Sweep& sweep, const std::string& out) {
   }
   fs::create_directories(out + "/runs");
   fs::create_directories(out + "/results");
-  nn::write_atomically(out + "/sweep.json", sweep.spec.dump(2) + "\n");
+  // Written when it changes only, so that workers starting together on one folder find it whole.
+  const std::string text = sweep.spec.dump(2) + "\n";
+  if (!fs::exists(out + "/sweep.json", error) || nn::read_file(out + "/sweep.json", max_file_bytes) != text)
+    nn::write_atomically(out + "/sweep.json", text);
 }
+
+namespace {
 
 std::string csv_field(const std::string& text) {
   if (text.find_first_of(",\"\n") == std::string::npos) return text;
@@ -360,7 +365,7 @@ WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& w, std::ostrea
   if (w.of == 0 || w.index >= w.of)
     throw training::UsageError(fmt::format("--index {} --of {}: the index must be below the number of slices", w.index, w.of));
   if (w.jobs == 0) throw training::UsageError("-j 0: at least one process");
-  prepare(sweep, w.out);
+  prepare_folder(sweep, w.out);
   training::stop_on_signals();
   set_num_threads(1);  // runs outnumber cores: each single-threaded
   if (w.jobs == 1) return walk(sweep, w, progress);
@@ -406,6 +411,48 @@ WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& w, std::ostrea
   for (std::size_t i = w.index; i < sweep.runs.size(); i += w.of) ++slice;
   report.ran = slice - finished_before - report.busy;
   return report;
+}
+
+namespace {
+
+// Text a shell reads as one word, whatever it holds.
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+std::string slurm_script(const Sweep& sweep, const SlurmOptions& o) {
+  if (o.per_task == 0) throw training::UsageError("--per-task 0: a task runs at least one run");
+  const std::size_t tasks = (sweep.runs.size() + o.per_task - 1) / o.per_task;
+  const std::string out = fs::absolute(o.out).lexically_normal().string();
+  std::string script = "#!/bin/bash\n";
+  script += fmt::format("# The sweep {} ({} runs) as a Slurm job array: task I runs the I-th of {} slices,\n", sweep.file,
+                        sweep.runs.size(), tasks);
+  script += fmt::format("# {} run{} each. When every task has ended: qkv sweep {} --out {} --collect\n", o.per_task,
+                        o.per_task == 1 ? "" : "s", shell_quoted(out + "/sweep.json"), shell_quoted(out));
+  script += fmt::format("#SBATCH --job-name=qkv-sweep\n#SBATCH --array=0-{}{}\n", tasks - 1,
+                        o.throttle ? fmt::format("%{}", o.throttle) : "");
+  script += fmt::format("#SBATCH --ntasks=1\n#SBATCH --cpus-per-task=1\n#SBATCH --output={}/slurm/%A_%a.out\n", out);
+  for (const std::string& line : o.sbatch) {
+    if (line.find('\n') != std::string::npos) throw training::UsageError(fmt::format("--sbatch '{}': one line, please", line));
+    script += "#SBATCH " + line + "\n";
+  }
+  script += fmt::format("exec {} sweep {} --out {} --index \"$SLURM_ARRAY_TASK_ID\" --of {} -j 1\n", shell_quoted(o.program),
+                        shell_quoted(out + "/sweep.json"), shell_quoted(out), tasks);
+  return script;
+}
+
+std::string write_slurm_script(const Sweep& sweep, const SlurmOptions& o) {
+  const std::string text = slurm_script(sweep, o);  // checked before the folder is touched
+  prepare_folder(sweep, o.out);
+  fs::create_directories(o.out + "/slurm");
+  const std::string path = o.out + "/sweep.sbatch";
+  nn::write_atomically(path, text);
+  fs::permissions(path, fs::perms::owner_exec | fs::perms::group_exec | fs::perms::others_exec, fs::perm_options::add);
+  return path;
 }
 
 std::pair<double, double> wilson_interval(std::size_t k, std::size_t n) {

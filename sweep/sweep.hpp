@@ -56,6 +56,12 @@ inline constexpr std::size_t max_runs = 1'000'000;
 Sweep read_sweep(const std::string& path);
 Sweep parse_sweep(const nlohmann::ordered_json& spec, const std::string& file);
 
+// DIR made ready for workers: a new or empty folder, or one a sweep wrote (it has sweep.json), gets
+// runs/, results/ and sweep.json (the sweep's file, written when it differs); anything else is
+// refused (training::UsageError) before it is written to. run_workers calls it; so may a program
+// that starts many workers, once before they start.
+void prepare_folder(const Sweep& sweep, const std::string& out);
+
 struct WorkerOptions {
   std::string out;             // DIR
   std::size_t jobs = 1;        // processes of this worker, each running one run at a time
@@ -74,6 +80,21 @@ struct WorkerReport {
 // run that fails records its error as its result and the worker goes on. Ctrl-C or TERM stop the runs in progress (a stopped run
 // writes no result) and throw training::Interrupted.
 WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& options, std::ostream& progress);
+
+// A Slurm job array that runs the sweep: task I of T runs the I-th slice of T (`qkv sweep
+// --index $SLURM_ARRAY_TASK_ID --of T -j 1`), each slice `per_task` runs (T = runs / per_task,
+// rounded up), at most `throttle` tasks at once (`--array=0-T-1%throttle`; 0: no limit).
+struct SlurmOptions {
+  std::string out;                // DIR, where the script goes (DIR/sweep.sbatch) and the runs
+  std::string program;            // the qkv program the tasks run (an absolute path)
+  std::size_t per_task = 1;
+  std::size_t throttle = 0;
+  std::vector<std::string> sbatch{};  // more #SBATCH lines' options ("--partition=short", "--time=1:00:00")
+};
+// The script's text; its tasks read DIR/sweep.json, the file as this call found it.
+std::string slurm_script(const Sweep& sweep, const SlurmOptions& options);
+// Prepares DIR as run_workers does and writes DIR/sweep.sbatch (executable); returns its path.
+std::string write_slurm_script(const Sweep& sweep, const SlurmOptions& options);
 
 struct Collected {
   nlohmann::ordered_json results;   // a result a run, in the sweep's order (missing ones left out)

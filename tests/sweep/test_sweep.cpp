@@ -236,3 +236,26 @@ TEST_CASE("the summary: a row a configuration with k of n seeds past the target 
   CHECK_THAT(table, Contains("| rps | untied | 3 | 0 | 0.832 ± 0.287 (n = 3) | 2 of 3 at 99% (21–94%) |"));
   CHECK_THAT(table, Contains("| rps | tied | 3 | 0 | 0.300 ± 0.100 (n = 3) | 0 of 3 at 99% (0–56%) |"));
 }
+
+TEST_CASE("a sweep as a Slurm job array: a task a slice of per_task runs, throttled, each run by the qkv program") {
+  const Sweep s = parsed(small);  // 8 runs
+  const std::string dir = scratch("sweep_slurm");
+  const std::string script =
+      slurm_script(s, {.out = dir + "/out", .program = "/opt/qkv's bin/qkv", .per_task = 3, .throttle = 2,
+                       .sbatch = {"--partition=short", "--time=1:00:00"}});
+  CHECK_THAT(script, Contains("#SBATCH --array=0-2%2\n"));  // 3 tasks: 3, 3 and 2 runs
+  CHECK_THAT(script, Contains("#SBATCH --partition=short\n#SBATCH --time=1:00:00\n"));
+  CHECK_THAT(script, Contains("#SBATCH --output=" + dir + "/out/slurm/%A_%a.out\n"));
+  CHECK_THAT(script, Contains("exec '/opt/qkv'\\''s bin/qkv' sweep '" + dir + "/out/sweep.json' --out '" + dir +
+                              "/out' --index \"$SLURM_ARRAY_TASK_ID\" --of 3 -j 1\n"));
+  CHECK_THAT(slurm_script(s, {.out = dir, .program = "/q", .per_task = 8}), Contains("#SBATCH --array=0-0\n"));
+  CHECK_THAT(slurm_script(s, {.out = dir, .program = "/q", .per_task = 1}), Contains("#SBATCH --array=0-7\n"));
+  CHECK_THROWS_WITH(slurm_script(s, {.out = dir, .program = "/q", .per_task = 0}), Contains("--per-task 0"));
+  CHECK_THROWS_WITH(slurm_script(s, {.out = dir, .program = "/q", .sbatch = {"--a\n--b"}}), Contains("one line"));
+
+  // Written: executable, beside the sweep's file, which its tasks read back as the same runs.
+  const std::string path = write_slurm_script(s, {.out = dir + "/out", .program = "/q", .per_task = 3});
+  CHECK(path == dir + "/out/sweep.sbatch");
+  CHECK((std::filesystem::status(path).permissions() & std::filesystem::perms::owner_exec) != std::filesystem::perms::none);
+  CHECK(ids(read_sweep(dir + "/out/sweep.json")) == ids(s));
+}
