@@ -131,46 +131,57 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
     throw UsageError(fmt::format("--out {}: holds an experiment's results already; give --force to replace them", out));
   // Replaced: the old results go before the first run does, so that none outlives the runs it told of.
   for (const char* file : {"results.json", "table.md"}) std::filesystem::remove(out + "/" + file, error);
+  std::filesystem::remove_all(out + "/results", error);
   std::filesystem::create_directories(out + "/runs");
-  std::ostringstream quiet;
-  ExperimentResult result;
-  result.runs = Json::array();
-  const std::size_t total = configs.size() * seeds;
-  std::size_t done = 0;
+  std::filesystem::create_directories(out + "/results");
+
+  // Every configuration for every seed, as the runs of a sweep: in this process (jobs 1) or in
+  // `jobs` processes, each run's numbers the same.
+  std::vector<sweep::Run> runs;
   for (std::uint64_t seed = e.seed_start; seed < e.seed_start + seeds; ++seed)
     for (std::size_t c = 0; c < configs.size(); ++c) {
-      const ExperimentConfig& config = configs[c];
-      TrainOptions o = config.options;
+      TrainOptions o = configs[c].options;
       o.seed = seed;
-      o.out = fmt::format("{}/runs/{:02}-seed{}", out, c, seed);
-      o.force = true;  // the experiment's own runs: a rerun replaces them
-      Json run = {{"experiment", e.name},
-                  {"task", o.task},
-                  {"variant", variant_of(o.model)},
-                  {"embeddings", o.model.frozen_embeddings ? "frozen" : "learned"},
-                  {"seed", seed},
-                  {"labels", config.labels}};
-      std::vector<std::string> violations;
-      progress << fmt::format("[{:>3}/{}] {}, seed {}", done + 1, total, label_text(config.labels), seed)
-               << (tty ? "\n" : "") << std::flush;
-      try {
-        sweep::measure_run(run, o, {.at_init = spec.at_init, .at_end = spec.at_end}, violations, tty ? progress : quiet, tty);
-      } catch (const Interrupted& stopped) {
-        throw Interrupted(stopped.signal, fmt::format("interrupted in the run in {}: the experiment wrote no results; "
-                                                      "run it again with --force",
-                                                      o.out));
-      }
-      progress << fmt::format("{}: accuracy {:.4f}, {}, {:.1f} s\n", tty ? "  done" : "", run["accuracy"].get<double>(),
-                              run["steps_to_target"].is_null()
-                                  ? std::string("target not reached")
-                                  : fmt::format("target at step {}", run["steps_to_target"].get<std::size_t>()),
-                              run["seconds"].get<double>())
-               << std::flush;
-      for (const std::string& violation : violations)
-        result.warnings.push_back(fmt::format("{}, seed {}, {}", label_text(config.labels), seed, violation));
-      result.runs.push_back(std::move(run));
-      ++done;
+      runs.push_back({.id = fmt::format("{:02}-seed{}", c, seed),
+                      .task = o.task,
+                      .options = configs[c].labels,
+                      .seed = seed,
+                      .train = o,
+                      .label = fmt::format("{}, seed {}", label_text(configs[c].labels), seed)});
     }
+  progress << fmt::format("{}: {} runs, {} at once\n", e.name, runs.size(), e.jobs) << std::flush;
+  try {
+    sweep::run_runs(runs, {.out = out, .jobs = e.jobs, .extras = {.at_init = spec.at_init, .at_end = spec.at_end}}, progress);
+  } catch (const Interrupted& stopped) {
+    throw Interrupted(stopped.signal, fmt::format("interrupted: the experiment in {} wrote no results; run it again with "
+                                                  "--force",
+                                                  out));
+  }
+  (void)tty;
+
+  ExperimentResult result;
+  result.runs = Json::array();
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const sweep::Run& r = runs[i];
+    const std::optional<Json> measured = sweep::result_of(out, r);
+    if (!measured || (*measured)["status"] != "ok")
+      throw std::runtime_error(fmt::format("{}/runs/{} ({}): {}", out, r.id, r.label,
+                                           measured ? (*measured)["error"].get<std::string>() : "no result"));
+    const ExperimentConfig& config = configs[i % configs.size()];
+    Json run = {{"experiment", e.name},
+                {"task", r.task},
+                {"variant", variant_of(r.train.model)},
+                {"embeddings", r.train.model.frozen_embeddings ? "frozen" : "learned"},
+                {"seed", r.seed},
+                {"labels", config.labels}};
+    for (const auto& [key, value] : measured->items())  // what the run measured, in its order
+      if (key != "id" && key != "task" && key != "seed" && key != "options" && key != "status" && key != "error" &&
+          key != "violations")
+        run[key] = value;
+    for (const Json& violation : (*measured)["violations"])
+      result.warnings.push_back(fmt::format("{}, {}", r.label, violation.get<std::string>()));
+    result.runs.push_back(std::move(run));
+  }
   result.table = experiment_table(e.name, result.runs);
   for (const std::string& w : result.warnings) result.table += "\nWARNING: " + w + "\n";
   result.chart = accuracy_chart(e.name, result.runs);

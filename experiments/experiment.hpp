@@ -40,6 +40,7 @@ struct ExperimentOptions {
   bool force = false;
   std::size_t steps = 0;   // of every run; 0: full_steps, or quick_steps with quick
   std::size_t eval_batches = 32;  // of 32 held-out sequences, for the accuracy at each curve point
+  std::size_t jobs = 1;  // runs at once, each a process of one thread (sweep::run_runs)
 };
 
 struct ExperimentResult {

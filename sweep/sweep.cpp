@@ -122,22 +122,28 @@ class TryLock {
 
 std::string result_path(const std::string& out, const Run& run) { return out + "/results/" + run.id + ".json"; }
 
-// The run's result, or none when it has none yet (or one cut short, which a finished run never
-// leaves: results are written atomically).
-std::optional<Json> read_result(const std::string& out, const Run& run) {
+}  // namespace
+
+std::optional<Json> result_of(const std::string& out, const Run& run) {
   const std::string path = result_path(out, run);
   std::error_code error;
   if (!fs::exists(path, error)) return std::nullopt;
-  Json j = nn::detail::parse_json(nn::read_file(path, 64 << 20), path, 8);
+  const std::string text = nn::read_file(path, 64 << 20);
+  nn::detail::parse_json(text, path, 8);  // checked (depth, syntax), then read keeping the order of its keys
+  Json j = Json::parse(text);
   if (!j.is_object() || j.value("id", "") != run.id)
     throw std::runtime_error(fmt::format("{}: not the result of run {}", path, run.id));
   return j;
 }
 
+namespace {
+
 Json result_head(const Run& run) { return {{"id", run.id}, {"task", run.task}, {"seed", run.seed}, {"options", run.options}}; }
 
 // Trains and measures one run, and writes its result: its numbers, or the error that stopped it.
-bool run_one(const Run& run, const std::string& out, std::ostream& progress) {
+// `place` is the run's in the list of `total` ("[  3/240] …" in the progress).
+bool run_one(const Run& run, std::size_t place, std::size_t total, const std::string& out, const Extras& extras,
+             std::ostream& progress) {
   TrainOptions o = run.train;
   o.out = out + "/runs/" + run.id;
   o.force = true;  // a run a killed worker left behind is trained again from the start
@@ -147,7 +153,7 @@ bool run_one(const Run& run, const std::string& out, std::ostream& progress) {
   bool ok = true;
   try {
     Json measured;
-    measure_run(measured, o, {}, violations, quiet, false);
+    measure_run(measured, o, extras, violations, quiet, false);
     result["status"] = "ok";
     result["error"] = nullptr;
     result.update(measured);
@@ -161,24 +167,25 @@ bool run_one(const Run& run, const std::string& out, std::ostream& progress) {
   }
   nn::write_atomically(result_path(out, run), result.dump() + "\n");
   // One write a line, so that the lines of parallel workers do not mix.
-  progress << (ok ? fmt::format("{}: accuracy {:.4f}, {:.1f} s\n", run.id, result["accuracy"].get<double>(),
+  const std::string name = fmt::format("[{:>3}/{}] {}", place, total, run.label.empty() ? run.id : run.label);
+  progress << (ok ? fmt::format("{}: accuracy {:.4f}, {:.1f} s\n", name, result["accuracy"].get<double>(),
                                 result["seconds"].get<double>())
-                  : fmt::format("{}: FAILED: {}\n", run.id, result["error"].get<std::string>()))
+                  : fmt::format("{}: FAILED: {}\n", name, result["error"].get<std::string>()))
            << std::flush;
   return ok;
 }
 
 // Whether the run has a result of a run that went to its end; a failed run is tried again.
 bool finished(const std::string& out, const Run& run) {
-  const std::optional<Json> r = read_result(out, run);
+  const std::optional<Json> r = result_of(out, run);
   return r && (*r)["status"] == "ok";
 }
 
 // Walks the slice's runs once: each one not finished whose lock is free is run.
-WorkerReport walk(const Sweep& sweep, const WorkerOptions& w, std::ostream& progress) {
+WorkerReport walk(const std::vector<Run>& runs, const WorkerOptions& w, std::ostream& progress) {
   WorkerReport report;
-  for (std::size_t i = w.index; i < sweep.runs.size(); i += w.of) {
-    const Run& run = sweep.runs[i];
+  for (std::size_t i = w.index; i < runs.size(); i += w.of) {
+    const Run& run = runs[i];
     if (finished(w.out, run)) {
       ++report.finished;
       continue;
@@ -193,7 +200,7 @@ WorkerReport walk(const Sweep& sweep, const WorkerOptions& w, std::ostream& prog
       continue;
     }
     ++report.ran;
-    if (!run_one(run, w.out, progress)) ++report.failed;
+    if (!run_one(run, i + 1, runs.size(), w.out, w.extras, progress)) ++report.failed;
   }
   return report;
 }
@@ -358,7 +365,9 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
 }
 
 Sweep read_sweep(const std::string& path) {
-  return parse_sweep(nn::detail::parse_json(nn::read_file(path, max_file_bytes), path, 6), path);
+  const std::string text = nn::read_file(path, max_file_bytes);
+  nn::detail::parse_json(text, path, 6);  // checked, then read keeping the file's order (the grid's)
+  return parse_sweep(Json::parse(text), path);
 }
 
 WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& w, std::ostream& progress) {
@@ -366,14 +375,21 @@ WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& w, std::ostrea
     throw training::UsageError(fmt::format("--index {} --of {}: the index must be below the number of slices", w.index, w.of));
   if (w.jobs == 0) throw training::UsageError("-j 0: at least one process");
   prepare_folder(sweep, w.out);
+  return run_runs(sweep.runs, w, progress);
+}
+
+WorkerReport run_runs(const std::vector<Run>& runs, const WorkerOptions& w, std::ostream& progress) {
+  if (w.of == 0 || w.index >= w.of)
+    throw training::UsageError(fmt::format("--index {} --of {}: the index must be below the number of slices", w.index, w.of));
+  if (w.jobs == 0) throw training::UsageError("-j 0: at least one process");
   training::stop_on_signals();
   set_num_threads(1);  // runs outnumber cores: each single-threaded
-  if (w.jobs == 1) return walk(sweep, w, progress);
+  if (w.jobs == 1) return walk(runs, w, progress);
 
   progress << std::flush;
   std::fflush(nullptr);  // else a child would write again what the parent had not written yet
   std::size_t finished_before = 0;
-  for (std::size_t i = w.index; i < sweep.runs.size(); i += w.of) finished_before += finished(w.out, sweep.runs[i]);
+  for (std::size_t i = w.index; i < runs.size(); i += w.of) finished_before += finished(w.out, runs[i]);
   std::vector<pid_t> children;
   for (std::size_t j = 0; j < w.jobs; ++j) {
     const pid_t pid = ::fork();
@@ -381,7 +397,7 @@ WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& w, std::ostrea
     if (pid == 0) {  // a child: walks the same slice; the locks share the runs out
       int status = 0;
       try {
-        walk(sweep, w, progress);
+        walk(runs, w, progress);
       } catch (const training::Interrupted&) {
         status = 3;
       } catch (const std::exception& e) {
@@ -404,11 +420,11 @@ WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& w, std::ostrea
   if (broken) throw std::runtime_error(fmt::format("sweep: a worker process failed; run the sweep again to go on"));
   // What the workers did, from what is in DIR now.
   WorkerReport report{.finished = finished_before};
-  for (std::size_t i = w.index; i < sweep.runs.size(); i += w.of)
-    if (const auto r = read_result(w.out, sweep.runs[i])) report.failed += (*r)["status"] != "ok";
+  for (std::size_t i = w.index; i < runs.size(); i += w.of)
+    if (const auto r = result_of(w.out, runs[i])) report.failed += (*r)["status"] != "ok";
     else ++report.busy;  // held by a worker of another machine all along
   std::size_t slice = 0;
-  for (std::size_t i = w.index; i < sweep.runs.size(); i += w.of) ++slice;
+  for (std::size_t i = w.index; i < runs.size(); i += w.of) ++slice;
   report.ran = slice - finished_before - report.busy;
   return report;
 }
@@ -514,7 +530,7 @@ Collected collect(const Sweep& sweep, const std::string& out, bool partial) {
   Collected c;
   c.results = Json::array();
   for (const Run& run : sweep.runs) {
-    std::optional<Json> r = read_result(out, run);
+    std::optional<Json> r = result_of(out, run);
     if (!r) {
       c.missing.push_back(run.id);
       continue;

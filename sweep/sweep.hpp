@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qkv/sweep/measure.hpp"
 #include "qkv/tasks/train_options.hpp"
 
 namespace qkv::sweep {
@@ -37,6 +38,7 @@ struct Run {
   nlohmann::ordered_json options;  // every option the file gives it (fixed, then grid), by name
   std::uint64_t seed = 0;
   TrainOptions train;  // what it trains, checked (check_options); out unset
+  std::string label{};  // what progress calls it ("" : its id)
 };
 
 struct Sweep {
@@ -66,6 +68,7 @@ struct WorkerOptions {
   std::string out;             // DIR
   std::size_t jobs = 1;        // processes of this worker, each running one run at a time
   std::size_t index = 0, of = 1;  // the slice this worker runs: the runs at positions index, index + of, …
+  Extras extras{};  // measurements of each run beside the built-in ones (an experiment's)
 };
 
 struct WorkerReport {
@@ -80,6 +83,12 @@ struct WorkerReport {
 // run that fails records its error as its result and the worker goes on. Ctrl-C or TERM stop the runs in progress (a stopped run
 // writes no result) and throw training::Interrupted.
 WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& options, std::ostream& progress);
+// The same for any list of runs (ids unique) in a folder that has runs/ and results/ (an
+// experiment's): no sweep file, and no check of the folder.
+WorkerReport run_runs(const std::vector<Run>& runs, const WorkerOptions& options, std::ostream& progress);
+// A run's result in DIR (results/ID.json), or none when it has none yet; std::runtime_error naming
+// a file that is not one.
+std::optional<nlohmann::ordered_json> result_of(const std::string& out, const Run& run);
 
 // A Slurm job array that runs the sweep: task I of T runs the I-th slice of T (`qkv sweep
 // --index $SLURM_ARRAY_TASK_ID --of T -j 1`), each slice `per_task` runs (T = runs / per_task,

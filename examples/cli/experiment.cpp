@@ -1,7 +1,8 @@
-// qkv experiment NAME [--quick] [--steps N] [--seed-start S] [--seeds K] [--out DIR] [--force]: an
-// experiment's grid of runs over seeds, its table on stdout.
+// qkv experiment NAME [--quick] [--steps N] [--seed-start S] [--seeds K] [-j N] [--out DIR] [--force]:
+// an experiment's grid of runs over seeds, on every core, its table on stdout.
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include <fmt/ranges.h>
 
@@ -16,12 +17,14 @@ namespace {
 struct ExperimentArgs {
   experiments::ExperimentOptions options;
   std::uint64_t seeds = 0;
+  std::uint64_t jobs = std::max(1u, std::thread::hardware_concurrency());
 };
 
 // A markdown table on stdout; results.json, the chart and each run's folder under --out.
 int run_experiment(ExperimentArgs a) {
   training::stop_on_signals();  // a run stopped by Ctrl-C keeps its steps
   a.options.seeds = std::size_t(a.seeds);
+  a.options.jobs = std::size_t(a.jobs);
   const experiments::ExperimentResult r = experiments::run_experiment(a.options, std::cerr, escapes_shown(2));
   fmt::print("{}", r.table);
   fmt::print(stderr, "qkv experiment: wrote {}\n", fmt::join(r.files, ", "));
@@ -44,6 +47,7 @@ void add_experiment(CLI::App& app, Command& run) {
   sub->add_option("--seed-start", e.seed_start, "The first seed (default 0)")->check(whole(0, 1'000'000'000));
   sub->add_option("--seeds", a->seeds, fmt::format("Seeds per configuration (default {}; 1 with --quick)", full_seeds))
       ->check(whole(1, 1000));
+  sub->add_option("-j,--jobs", a->jobs, "Runs at once, each a process of one thread (default: the cores)")->check(whole(1, 1024));
   sub->add_option("--out", e.out, "Folder for results.json, the chart and the runs");
   sub->add_flag("--force", e.force, "Replace the results of an experiment already in --out");
   sub->callback([&run, a] { run = [a] { return run_experiment(*a); }; });

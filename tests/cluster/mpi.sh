@@ -6,7 +6,7 @@
 set -euo pipefail
 qkv="$(realpath "$1")"
 command -v mpirun > /dev/null || { echo "skipped: mpirun is not installed (scripts/install-deps --cluster)"; exit 77; }
-ldd "$qkv" | grep -q libmpi || { echo "skipped: qkv was built without MPI (configure again once it is installed)"; exit 77; }
+[[ "$(ldd "$qkv")" == *libmpi* ]] || { echo "skipped: qkv was built without MPI (configure again once it is installed)"; exit 77; }
 here="$(cd "$(dirname "$0")" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
