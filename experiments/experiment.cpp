@@ -151,22 +151,31 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
     }
   progress << fmt::format("{}: {} runs, {} at once\n", e.name, runs.size(), e.jobs) << std::flush;
   try {
-    sweep::run_runs(runs, {.out = out, .jobs = e.jobs, .extras = {.at_init = spec.at_init, .at_end = spec.at_end}}, progress);
+    sweep::run_runs(runs,
+                    {.out = out,
+                     .jobs = e.jobs,
+                     .extras = {.at_init = spec.at_init, .at_end = spec.at_end},
+                     .stop_on_failure = true,
+                     .show_training = tty},
+                    progress);
   } catch (const Interrupted& stopped) {
     throw Interrupted(stopped.signal, fmt::format("interrupted: the experiment in {} wrote no results; run it again with "
                                                   "--force",
                                                   out));
   }
-  (void)tty;
 
   ExperimentResult result;
   result.runs = Json::array();
+  std::vector<std::optional<Json>> measurements;
+  for (const sweep::Run& r : runs) measurements.push_back(sweep::result_of(out, r));
+  for (std::size_t i = 0; i < runs.size(); ++i)  // the run that failed, rather than one it left undone
+    if (measurements[i] && (*measurements[i])["status"] != "ok")
+      throw std::runtime_error(fmt::format("{}/runs/{} ({}): {}", out, runs[i].id, runs[i].label,
+                                           (*measurements[i])["error"].get<std::string>()));
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const sweep::Run& r = runs[i];
-    const std::optional<Json> measured = sweep::result_of(out, r);
-    if (!measured || (*measured)["status"] != "ok")
-      throw std::runtime_error(fmt::format("{}/runs/{} ({}): {}", out, r.id, r.label,
-                                           measured ? (*measured)["error"].get<std::string>() : "no result"));
+    const std::optional<Json>& measured = measurements[i];
+    if (!measured) throw std::runtime_error(fmt::format("{}/runs/{} ({}): no result", out, r.id, r.label));
     const ExperimentConfig& config = configs[i % configs.size()];
     Json run = {{"experiment", e.name},
                 {"task", r.task},
@@ -174,10 +183,9 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
                 {"embeddings", r.train.model.frozen_embeddings ? "frozen" : "learned"},
                 {"seed", r.seed},
                 {"labels", config.labels}};
+    const std::vector<std::string>& head = sweep::result_head_keys();
     for (const auto& [key, value] : measured->items())  // what the run measured, in its order
-      if (key != "id" && key != "task" && key != "seed" && key != "options" && key != "status" && key != "error" &&
-          key != "violations")
-        run[key] = value;
+      if (std::find(head.begin(), head.end(), key) == head.end()) run[key] = value;
     for (const Json& violation : (*measured)["violations"])
       result.warnings.push_back(fmt::format("{}, {}", r.label, violation.get<std::string>()));
     result.runs.push_back(std::move(run));

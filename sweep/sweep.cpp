@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <csignal>
@@ -23,6 +25,7 @@
 #include "qkv/report/charts.hpp"
 #include "qkv/sweep/measure.hpp"
 #include "qkv/tasks/registry.hpp"
+#include "qkv/training/memory.hpp"
 #include "qkv/training/options.hpp"
 #include "qkv/training/run_options.hpp"
 #include "qkv/training/trainer.hpp"
@@ -35,51 +38,32 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::size_t max_file_bytes = 1 << 20;
-// Options the file may not give: the sweep decides where a run goes, and the seeds are "seeds".
-const char* const sweep_owned[] = {"seed"};
+// Options of `qkv train` the file may not give: the sweep decides where a run goes, whether it
+// replaces one, and its threads; the seeds are "seeds".
+const char* const sweep_owned[] = {"out", "force", "resume", "threads"};
 
 [[noreturn]] void refuse(const std::string& file, const std::string& what) {
   throw std::invalid_argument(fmt::format("{}: {}", file, what));
 }
 
-// A value as the option reads it, in one spelling (300, not "300"), so that a run's id and options
-// do not depend on how the file wrote them.
-Json normalized(const training::RunOption& option, const Json& value) {
-  using Kind = training::RunOption::Kind;
-  switch (option.kind) {
-    case Kind::count:
-      return value.is_string() ? Json(std::stoull(value.get<std::string>())) : Json(value.get<std::uint64_t>());
-    case Kind::number:
-      return value.is_string() ? Json(std::stod(value.get<std::string>())) : Json(value.get<double>());
-    case Kind::flag:
-      return value.is_boolean() ? value : Json(value == "true");
-    case Kind::choice:
-    case Kind::masks:
-      return value;
-  }
-  return value;
-}
-
 // The option a sweep file's key names, and the key checked as one the file may give.
 const training::RunOption& option_of_key(const std::string& file, const std::string& where, const std::string& key) {
+  if (key == "seed") refuse(file, fmt::format("{} '{}': the seeds are given by \"seeds\": {{\"start\": S, \"count\": K}}", where, key));
   for (const char* owned : sweep_owned)
-    if (key == owned) refuse(file, fmt::format("{} '{}': the seeds are given by \"seeds\": {{\"start\": S, \"count\": K}}", where, key));
+    if (key == owned) refuse(file, fmt::format("{} '{}': the sweep decides it (each run in DIR/runs/ID, one thread)", where, key));
   const training::RunOption* option = training::find_run_option(key);
-  if (!option)
-    refuse(file, fmt::format("{} '{}' is not an option of qkv train (one of: {})", where, key,
-                             fmt::join([] {
-                               std::vector<std::string> names;
-                               for (const auto& o : training::run_option_table())
-                                 if (o.name != "seed") names.push_back(o.name);
-                               return names;
-                             }(),
-                                       ", ")));
+  if (!option) {
+    std::vector<std::string> names;
+    for (const auto& o : training::run_option_table())
+      if (o.name != "seed") names.push_back(o.name);
+    refuse(file, fmt::format("{} '{}' is not an option of qkv train (one of: {})", where, key, fmt::join(names, ", ")));
+  }
   return *option;
 }
 
 Json checked_value(const std::string& file, const std::string& where, const training::RunOption& option, const Json& value) {
   if (const std::string why = training::refusal(option, value); !why.empty()) refuse(file, fmt::format("{}: {}", where, why));
-  return normalized(option, value);
+  return training::normalized_value(option, value);
 }
 
 std::uint64_t fnv1a(const std::string& text) {
@@ -88,11 +72,12 @@ std::uint64_t fnv1a(const std::string& text) {
   return h;
 }
 
-std::string value_text(const Json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+// A value in full: a string as it is, anything else as JSON.
+std::string plain_text(const Json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 std::string run_id(const std::string& task, const Json& options, const std::vector<std::string>& grid_keys, std::uint64_t seed) {
   std::string id = task;
-  for (const std::string& key : grid_keys) id += fmt::format("-{}={}", key, value_text(options.at(key)));
+  for (const std::string& key : grid_keys) id += fmt::format("-{}={}", key, plain_text(options.at(key)));
   // Every option, in name order, so that the hash does not depend on the file's order.
   const nlohmann::json canonical = {{"task", task}, {"options", nlohmann::json(options)}, {"seed", seed}};
   return fmt::format("{}-seed{}-{:08x}", id, seed, fnv1a(canonical.dump()) & 0xffffffffULL);
@@ -131,9 +116,35 @@ std::optional<Json> result_of(const std::string& out, const Run& run) {
   const std::string text = nn::read_file(path, 64 << 20);
   nn::detail::parse_json(text, path, 8);  // checked (depth, syntax), then read keeping the order of its keys
   Json j = Json::parse(text);
-  if (!j.is_object() || j.value("id", "") != run.id)
-    throw std::runtime_error(fmt::format("{}: not the result of run {}", path, run.id));
+  const auto bad = [&](const std::string& why) {
+    throw std::runtime_error(fmt::format("{}: {} (remove it, and the run is trained again)", path, why));
+  };
+  if (!j.is_object()) bad("not a run's result: not a JSON object");
+  if (!j.contains("id") || j["id"] != run.id) bad(fmt::format("'id' is not {}", run.id));
+  const auto need = [&](const char* key, bool ok, const char* what) {
+    if (!j.contains(key) || !ok) bad(fmt::format("'{}' {}", key, j.contains(key) ? "is not " + std::string(what) : "is missing"));
+  };
+  need("task", j.contains("task") && j["task"].is_string(), "a task name");
+  need("seed", j.contains("seed") && j["seed"].is_number_unsigned(), "a seed");
+  need("options", j.contains("options") && j["options"].is_object(), "an object");
+  need("pass", j.contains("pass") && j["pass"].is_string(), "a pass's token");
+  need("status", j.contains("status") && (j["status"] == "ok" || j["status"] == "failed"), "\"ok\" or \"failed\"");
+  if (j["status"] == "failed") {
+    need("error", j.contains("error") && j["error"].is_string(), "a message");
+    return j;
+  }
+  for (const char* key : {"accuracy", "target", "seconds"}) need(key, j.contains(key) && j[key].is_number(), "a number");
+  need("steps_to_target", j.contains("steps_to_target") && (j["steps_to_target"].is_null() || j["steps_to_target"].is_number_unsigned()),
+       "a step or null");
+  need("violations", j.contains("violations") && j["violations"].is_array(), "a list");
+  for (const Json& v : j["violations"])
+    if (!v.is_string()) bad("'violations' holds something other than messages");
   return j;
+}
+
+const std::vector<std::string>& result_head_keys() {
+  static const std::vector<std::string> keys = {"id", "task", "seed", "options", "pass", "status", "error", "violations"};
+  return keys;
 }
 
 namespace {
@@ -141,19 +152,22 @@ namespace {
 Json result_head(const Run& run) { return {{"id", run.id}, {"task", run.task}, {"seed", run.seed}, {"options", run.options}}; }
 
 // Trains and measures one run, and writes its result: its numbers, or the error that stopped it.
-// `place` is the run's in the list of `total` ("[  3/240] …" in the progress).
-bool run_one(const Run& run, std::size_t place, std::size_t total, const std::string& out, const Extras& extras,
+// `place` is the run's in the list of `total` ("[  3/240] …" in the progress). A result that
+// cannot be written (a full disk) is said, and the run is trained again on the next pass.
+bool run_one(const Run& run, std::size_t place, std::size_t total, const WorkerOptions& w, const std::string& pass,
              std::ostream& progress) {
   TrainOptions o = run.train;
-  o.out = out + "/runs/" + run.id;
+  o.out = w.out + "/runs/" + run.id;
   o.force = true;  // a run a killed worker left behind is trained again from the start
   Json result = result_head(run);
+  result["pass"] = pass;
   std::vector<std::string> violations;
   std::ostringstream quiet;
   bool ok = true;
   try {
     Json measured;
-    measure_run(measured, o, extras, violations, quiet, false);
+    const bool shown = w.show_training && w.jobs == 1;
+    measure_run(measured, o, w.extras, violations, shown ? progress : quiet, shown);
     result["status"] = "ok";
     result["error"] = nullptr;
     result.update(measured);
@@ -165,28 +179,39 @@ bool run_one(const Run& run, std::size_t place, std::size_t total, const std::st
     result["status"] = "failed";
     result["error"] = e.what();
   }
-  nn::write_atomically(result_path(out, run), result.dump() + "\n");
-  // One write a line, so that the lines of parallel workers do not mix.
   const std::string name = fmt::format("[{:>3}/{}] {}", place, total, run.label.empty() ? run.id : run.label);
-  progress << (ok ? fmt::format("{}: accuracy {:.4f}, {:.1f} s\n", name, result["accuracy"].get<double>(),
+  try {
+    nn::write_atomically(result_path(w.out, run), result.dump() + "\n");
+  } catch (const std::exception& e) {
+    progress << fmt::format("{}: its result was not written, and it is trained again on the next pass: {}\n", name, e.what())
+             << std::flush;
+    return false;
+  }
+  // One write a line, so that the lines of parallel workers do not mix.
+  progress << (ok ? fmt::format("{}: accuracy {:.4f}, {}, {:.1f} s\n", name, result["accuracy"].get<double>(),
+                                result["steps_to_target"].is_null()
+                                    ? std::string("target not reached")
+                                    : fmt::format("target at step {}", result["steps_to_target"].get<std::size_t>()),
                                 result["seconds"].get<double>())
                   : fmt::format("{}: FAILED: {}\n", name, result["error"].get<std::string>()))
            << std::flush;
   return ok;
 }
 
-// Whether the run has a result of a run that went to its end; a failed run is tried again.
-bool finished(const std::string& out, const Run& run) {
+// Whether the run has nothing left to do in this pass: a result of a run that went to its end, or
+// of one that failed in this pass (a failed run is tried once a pass).
+bool finished(const std::string& out, const Run& run, const std::string& pass) {
   const std::optional<Json> r = result_of(out, run);
-  return r && (*r)["status"] == "ok";
+  return r && ((*r)["status"] == "ok" || (*r)["pass"] == pass);
 }
 
-// Walks the slice's runs once: each one not finished whose lock is free is run.
-WorkerReport walk(const std::vector<Run>& runs, const WorkerOptions& w, std::ostream& progress) {
+// Walks the slice's runs once: each one not finished whose lock is free is run. With
+// stop_on_failure, it stops at the first run that fails.
+WorkerReport walk(const std::vector<Run>& runs, const WorkerOptions& w, const std::string& pass, std::ostream& progress) {
   WorkerReport report;
   for (std::size_t i = w.index; i < runs.size(); i += w.of) {
     const Run& run = runs[i];
-    if (finished(w.out, run)) {
+    if (finished(w.out, run, pass)) {
       ++report.finished;
       continue;
     }
@@ -195,33 +220,76 @@ WorkerReport walk(const std::vector<Run>& runs, const WorkerOptions& w, std::ost
       ++report.busy;
       continue;
     }
-    if (finished(w.out, run)) {  // finished by another worker while this one looked
+    if (finished(w.out, run, pass)) {  // finished by another worker while this one looked
       ++report.finished;
       continue;
     }
     ++report.ran;
-    if (!run_one(run, i + 1, runs.size(), w.out, w.extras, progress)) ++report.failed;
+    if (!run_one(run, i + 1, runs.size(), w, pass, progress)) {
+      ++report.failed;
+      if (w.stop_on_failure) break;
+    }
   }
   return report;
+}
+
+void check_worker(const WorkerOptions& w) {
+  if (w.of == 0 || w.index >= w.of)
+    throw training::UsageError(fmt::format("--index {} --of {}: the index must be below the number of slices", w.index, w.of));
+  if (w.jobs == 0) throw training::UsageError("-j 0: at least one process");
+}
+
+// An exclusive lock on DIR/sweep.lock, waited for: one worker at a time prepares or merges.
+class FolderLock {
+ public:
+  explicit FolderLock(const std::string& dir) {
+    const std::string path = dir + "/sweep.lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw std::runtime_error(fmt::format("{}: cannot open the sweep's lock", path));
+    while (::flock(fd_, LOCK_EX) != 0)
+      if (errno != EINTR) throw std::runtime_error(fmt::format("{}: cannot take the sweep's lock", path));
+  }
+  ~FolderLock() { ::close(fd_); }
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Whether a folder holds only what a sweep that is starting there has made yet.
+bool only_sweep_entries(const std::string& dir) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name != "sweep.lock" && name != "runs" && name != "results") return false;
+  }
+  return true;
 }
 
 }  // namespace
 
 void prepare_folder(const Sweep& sweep, const std::string& out) {
   std::error_code error;
-  if (fs::exists(out, error)) {
+  // Checked before anything is written: a folder of the user's own stays as it is.
+  const auto check = [&] {
+    if (!fs::exists(out, error)) return;
     if (!fs::is_directory(out, error)) throw training::UsageError(fmt::format("--out {}: is not a folder", out));
-    if (!fs::is_empty(out, error) && !fs::exists(out + "/sweep.json", error))
+    if (!fs::exists(out + "/sweep.json", error) && !only_sweep_entries(out))
       throw training::UsageError(fmt::format("--out {}: holds files of something other than a sweep (it has no "
                                              "sweep.json); give a new or empty folder",
                                              out));
-  }
-  fs::create_directories(out + "/runs");
-  fs::create_directories(out + "/results");
-  // Written when it changes only, so that workers starting together on one folder find it whole.
+  };
+  check();
+  fs::create_directories(out);
+  const FolderLock lock(out);  // workers starting together on one folder: one at a time
+  check();
+  // Written when it changes only, first, so that a folder with runs/ has its sweep.json.
   const std::string text = sweep.spec.dump(2) + "\n";
   if (!fs::exists(out + "/sweep.json", error) || nn::read_file(out + "/sweep.json", max_file_bytes) != text)
     nn::write_atomically(out + "/sweep.json", text);
+  fs::create_directories(out + "/runs");
+  fs::create_directories(out + "/results");
 }
 
 namespace {
@@ -249,9 +317,9 @@ std::string csv(const Sweep& sweep, const Json& results) {
   for (const Json& r : results) {
     std::vector<std::string> cells = {csv_field(r["id"]), csv_field(r["task"]), r["seed"].dump()};
     for (const std::string& key : option_keys)
-      cells.push_back(r["options"].contains(key) ? csv_field(value_text(r["options"][key])) : "");
+      cells.push_back(r["options"].contains(key) ? csv_field(plain_text(r["options"][key])) : "");
     for (const std::string& key : metrics)
-      cells.push_back(!r.contains(key) || r[key].is_null() ? "" : csv_field(value_text(r[key])));
+      cells.push_back(!r.contains(key) || r[key].is_null() ? "" : csv_field(plain_text(r[key])));
     out += fmt::format("{}\n", fmt::join(cells, ","));
   }
   return out;
@@ -324,6 +392,8 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
                        .get<std::uint64_t>();
     if (seed_count - 1 > UINT64_MAX - seed_start) refuse(file, "'seeds': start + count - 1 is past the largest seed");
   }
+  if (spec.dump(2).size() + 1 > max_file_bytes)
+    refuse(file, fmt::format("is larger than {} bytes written out (DIR/sweep.json, which a job's tasks read)", max_file_bytes));
   std::size_t total = task_names.size() * seed_count;
   for (const auto& list : lists) {
     if (total > max_runs / list.size()) refuse(file, fmt::format("names more than {} runs", max_runs));
@@ -341,6 +411,8 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
         Run run{.id = "", .task = task, .options = options, .seed = seed_start + s, .train = {}};
         run.id = run_id(task, options, sweep.grid_keys, run.seed);
         const std::string name = fmt::format("run {}", run.id);
+        if (run.id.size() > 200)  // a file name: ID.json.tmp, ID.lock
+          refuse(file, fmt::format("{}: the id is {} bytes, more than 200: shorten the grid's values", name, run.id.size()));
         Json given = nlohmann::json(options);
         given["seed"] = run.seed;
         try {
@@ -371,61 +443,132 @@ Sweep read_sweep(const std::string& path) {
 }
 
 WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& w, std::ostream& progress) {
-  if (w.of == 0 || w.index >= w.of)
-    throw training::UsageError(fmt::format("--index {} --of {}: the index must be below the number of slices", w.index, w.of));
-  if (w.jobs == 0) throw training::UsageError("-j 0: at least one process");
+  check_worker(w);
   prepare_folder(sweep, w.out);
   return run_runs(sweep.runs, w, progress);
 }
 
-WorkerReport run_runs(const std::vector<Run>& runs, const WorkerOptions& w, std::ostream& progress) {
-  if (w.of == 0 || w.index >= w.of)
-    throw training::UsageError(fmt::format("--index {} --of {}: the index must be below the number of slices", w.index, w.of));
-  if (w.jobs == 0) throw training::UsageError("-j 0: at least one process");
-  training::stop_on_signals();
-  set_num_threads(1);  // runs outnumber cores: each single-threaded
-  if (w.jobs == 1) return walk(runs, w, progress);
+namespace {
 
+// A token of this pass of workers over the runs, which the results it writes carry: a failed run is
+// tried once a pass.
+std::string pass_token() {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  return fmt::format("{}-{}", ::getpid(), std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
+}
+
+// Threads and the memory check as they were before a sweep's workers ran.
+struct Restore {
+  std::size_t threads = get_num_threads();
+  ~Restore() {
+    set_num_threads(threads);
+    training::share_memory(1);
+  }
+};
+
+// A worker process's counts, sent to the parent through a pipe when it ends.
+struct Counts {
+  std::uint64_t ran = 0, failed = 0;
+};
+
+// Starts `jobs` worker processes on the slice and waits for them. A SIGINT or SIGTERM the parent
+// gets is passed on to them once (they are a process group of their own, which a terminal's Ctrl-C
+// does not reach), and each stops as a run stops; if the parent dies, they get SIGTERM.
+WorkerReport run_processes(const std::vector<Run>& runs, const WorkerOptions& w, const std::string& pass,
+                           std::ostream& progress) {
   progress << std::flush;
   std::fflush(nullptr);  // else a child would write again what the parent had not written yet
-  std::size_t finished_before = 0;
-  for (std::size_t i = w.index; i < runs.size(); i += w.of) finished_before += finished(w.out, runs[i]);
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error("sweep: cannot make a pipe for the worker processes");
   std::vector<pid_t> children;
+  const auto stop_children = [&](int signal) {
+    for (const pid_t pid : children) ::kill(pid, signal);
+  };
+  const pid_t parent = ::getpid();
   for (std::size_t j = 0; j < w.jobs; ++j) {
     const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("sweep: cannot start a worker process (fork)");
+    if (pid < 0) {
+      stop_children(SIGTERM);
+      for (const pid_t child : children) ::waitpid(child, nullptr, 0);
+      ::close(pipe_fds[0]);
+      ::close(pipe_fds[1]);
+      throw std::runtime_error("sweep: cannot start a worker process (fork)");
+    }
     if (pid == 0) {  // a child: walks the same slice; the locks share the runs out
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(3);  // the parent died before the line above
+      ::close(pipe_fds[0]);
       int status = 0;
+      Counts counts;
       try {
-        walk(runs, w, progress);
+        const WorkerReport r = walk(runs, w, pass, progress);
+        counts = {r.ran, r.failed};
       } catch (const training::Interrupted&) {
         status = 3;
       } catch (const std::exception& e) {
         progress << fmt::format("sweep: worker {}: {}\n", j, e.what()) << std::flush;
         status = 2;
       }
+      if (::write(pipe_fds[1], &counts, sizeof counts) != ssize_t(sizeof counts)) status = 2;
       ::_exit(status);  // its lines were written as they came
     }
+    ::setpgid(pid, pid);  // also here, so that no signal slips in before the child's own call
     children.push_back(pid);
   }
+  ::close(pipe_fds[1]);
   bool interrupted = false, broken = false;
+  int forwarded = 0;
   for (const pid_t pid : children) {
     int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    while (::waitpid(pid, &status, 0) < 0) {
+      if (errno != EINTR) break;
+      if (const int signal = training::pending_stop(); signal && !forwarded) stop_children(forwarded = signal);
     }
     interrupted |= WIFEXITED(status) && WEXITSTATUS(status) == 3;
     broken |= !WIFEXITED(status) || WEXITSTATUS(status) == 2;
   }
-  if (interrupted) throw training::Interrupted(SIGINT, "sweep: interrupted; the runs in progress are trained again on the next run");
-  if (broken) throw std::runtime_error(fmt::format("sweep: a worker process failed; run the sweep again to go on"));
-  // What the workers did, from what is in DIR now.
-  WorkerReport report{.finished = finished_before};
-  for (std::size_t i = w.index; i < runs.size(); i += w.of)
-    if (const auto r = result_of(w.out, runs[i])) report.failed += (*r)["status"] != "ok";
-    else ++report.busy;  // held by a worker of another machine all along
-  std::size_t slice = 0;
-  for (std::size_t i = w.index; i < runs.size(); i += w.of) ++slice;
-  report.ran = slice - finished_before - report.busy;
+  WorkerReport report;
+  Counts counts;
+  while (::read(pipe_fds[0], &counts, sizeof counts) == ssize_t(sizeof counts)) {
+    report.ran += counts.ran;
+    report.failed += counts.failed;
+  }
+  ::close(pipe_fds[0]);
+  const int signal = forwarded ? forwarded : training::pending_stop();
+  if (interrupted || signal)
+    throw training::Interrupted(signal ? signal : SIGINT,
+                                "sweep: interrupted; rerun it to go on (the runs that were in progress are trained again)");
+  if (broken) throw std::runtime_error("sweep: a worker process failed; run the sweep again to go on");
+  return report;
+}
+
+}  // namespace
+
+WorkerReport run_runs(const std::vector<Run>& runs, const WorkerOptions& w, std::ostream& progress) {
+  check_worker(w);
+  const Restore restore;
+  training::stop_on_signals();
+  set_num_threads(1);  // runs outnumber cores: each single-threaded
+  training::share_memory(w.jobs);
+  const std::string pass = pass_token();
+  std::size_t finished_before = 0;
+  for (std::size_t i = w.index; i < runs.size(); i += w.of) {
+    const std::optional<Json> r = result_of(w.out, runs[i]);
+    finished_before += r && (*r)["status"] == "ok";
+  }
+  WorkerReport report;
+  try {
+    report = w.jobs == 1 ? walk(runs, w, pass, progress) : run_processes(runs, w, pass, progress);
+  } catch (const training::Interrupted& stopped) {
+    throw training::Interrupted(stopped.signal,
+                                "sweep: interrupted; rerun it to go on (the runs that were in progress are trained again)");
+  }
+  report.finished = finished_before;
+  // Runs of the slice with no result yet: held by workers of another machine all along.
+  report.busy = 0;
+  for (std::size_t i = w.index; i < runs.size(); i += w.of) report.busy += !result_of(w.out, runs[i]);
+  if (w.stop_on_failure && report.failed) report.busy = 0;  // not run: this worker stopped
   return report;
 }
 
@@ -486,7 +629,7 @@ std::string summary_table(const Sweep& sweep, const Json& results) {
   std::map<std::string, std::vector<const Json*>> groups;
   const auto label = [&](const Json& r) {
     std::vector<std::string> parts = {r["task"].get<std::string>()};
-    for (const std::string& key : sweep.grid_keys) parts.push_back(value_text(r["options"][key]));
+    for (const std::string& key : sweep.grid_keys) parts.push_back(plain_text(r["options"][key]));
     return fmt::format("{}", fmt::join(parts, " | "));
   };
   for (const Json& r : results) {
@@ -527,6 +670,10 @@ std::string summary_table(const Sweep& sweep, const Json& results) {
 }
 
 Collected collect(const Sweep& sweep, const std::string& out, bool partial) {
+  std::error_code error;
+  if (!fs::exists(out + "/sweep.json", error))
+    throw std::runtime_error(fmt::format("{}: holds no sweep (no sweep.json): run the sweep there first", out));
+  const FolderLock lock(out);  // one merge at a time
   Collected c;
   c.results = Json::array();
   for (const Run& run : sweep.runs) {

@@ -32,7 +32,7 @@ using tasks::TrainOptions;
 
 struct Run {
   // Stable: the task, the grid's values, the seed, and 8 hex digits of a hash of every option and
-  // the seed ("rps-qk=tied-seed3-1f0c9a2b"), so that a run whose fixed options change is another run.
+  // the seed ("rps-qk=tied-seed3-56deea39"), so that a run whose fixed options change is another run.
   std::string id;
   std::string task;
   nlohmann::ordered_json options;  // every option the file gives it (fixed, then grid), by name
@@ -69,12 +69,14 @@ struct WorkerOptions {
   std::size_t jobs = 1;        // processes of this worker, each running one run at a time
   std::size_t index = 0, of = 1;  // the slice this worker runs: the runs at positions index, index + of, …
   Extras extras{};  // measurements of each run beside the built-in ones (an experiment's)
+  bool stop_on_failure = false;  // a worker stops at the first run that fails (an experiment's)
+  bool show_training = false;    // with jobs 1: each run's training as train shows it on a terminal
 };
 
 struct WorkerReport {
-  std::size_t ran = 0, failed = 0;  // runs this worker trained (failed: recorded with their error)
+  std::size_t ran = 0, failed = 0;  // runs this worker trained (failed: recorded with their error, or not written)
   std::size_t finished = 0;         // runs of its slice finished before it started
-  std::size_t busy = 0;             // runs of its slice another worker held
+  std::size_t busy = 0;             // runs of its slice without a result at the end: held by another worker
 };
 
 // Prepares DIR (refusing a folder that holds something other than a sweep, before writing to it),
@@ -87,8 +89,10 @@ WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& options, std::
 // experiment's): no sweep file, and no check of the folder.
 WorkerReport run_runs(const std::vector<Run>& runs, const WorkerOptions& options, std::ostream& progress);
 // A run's result in DIR (results/ID.json), or none when it has none yet; std::runtime_error naming
-// a file that is not one.
+// a file that is not one, and the key at fault.
 std::optional<nlohmann::ordered_json> result_of(const std::string& out, const Run& run);
+// The keys of a result that say which run it is and how it went; the rest is what it measured.
+const std::vector<std::string>& result_head_keys();
 
 // A Slurm job array that runs the sweep: task I of T runs the I-th slice of T (`qkv sweep
 // --index $SLURM_ARRAY_TASK_ID --of T -j 1`), each slice `per_task` runs (T = runs / per_task,
@@ -113,8 +117,8 @@ struct Collected {
 };
 
 // Merges DIR's results of the sweep's runs into DIR/results.jsonl, DIR/results.csv and
-// DIR/summary.md. A run without a result is an error naming it (std::runtime_error), unless
-// `partial`, which merges what there is.
+// DIR/summary.md (one merge at a time: it waits for DIR/sweep.lock). A run without a result is an
+// error naming it (std::runtime_error), unless `partial`, which merges what there is.
 Collected collect(const Sweep& sweep, const std::string& out, bool partial);
 
 // The summary of results: a row per configuration (the runs that differ only in their seed) with

@@ -2,12 +2,13 @@
 
 #include <map>
 #include <optional>
-#include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "qkv/core/shape.hpp"
+#include "qkv/nn/detail/json.hpp"
 #include "qkv/nn/files.hpp"
 
 namespace qkv::tasks {
@@ -16,6 +17,12 @@ namespace {
 
 constexpr std::size_t max_file_bytes = std::size_t(1) << 30;
 constexpr std::size_t max_sequences = 10'000'000;  // as `qkv eval --n`
+
+// A value as a message shows it: at most 40 bytes of its JSON.
+std::string shown(const nlohmann::json& v) {
+  std::string text = v.dump();
+  return text.size() > 40 ? text.substr(0, 37) + "..." : text;
+}
 
 struct Row {
   std::vector<std::int64_t> tokens, targets, corrupted;
@@ -40,7 +47,7 @@ std::vector<std::int64_t> read_tokens(const nlohmann::json& field, const std::st
   for (std::size_t i = 0; i < field.size(); ++i) {
     const nlohmann::json& v = field[i];
     if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || std::uint64_t(v.get<std::int64_t>()) >= vocab)
-      fail(where, "'{}'[{}] is {}, not a token id 0-{}", name, i, v.dump(), vocab - 1);
+      fail(where, "'{}'[{}] is {}, not a token id 0-{}", name, i, shown(v), vocab - 1);
     tokens.push_back(v.get<std::int64_t>());
   }
   return tokens;
@@ -64,7 +71,7 @@ std::vector<std::int64_t> read_targets(const nlohmann::json& field, const std::s
                     (v.get<std::int64_t>() == ignore_target ||
                      (v.get<std::int64_t>() >= 0 && std::uint64_t(v.get<std::int64_t>()) < bound));
     if (!ok)
-      fail(where, "'targets'[{}] is {}, not {} 0-{} (or -100 or null where nothing is scored)", i, v.dump(),
+      fail(where, "'targets'[{}] is {}, not {} 0-{} (or -100 or null where nothing is scored)", i, shown(v),
            pointer ? "a key position" : "a class", bound - 1);
     targets.push_back(v.get<std::int64_t>());
   }
@@ -93,20 +100,23 @@ std::size_t Dataset::scored() const {
 }
 
 Dataset read_dataset(const std::string& path, const Task& task, std::size_t positions) {
-  std::istringstream text(nn::read_file(path, max_file_bytes));
+  const std::string text = nn::read_file(path, max_file_bytes);
   std::vector<Row> rows;
   std::optional<bool> with_corrupted;  // set by the first line
   std::size_t line_number = 0;
-  for (std::string line; std::getline(text, line);) {
+  for (std::size_t begin = 0; begin < text.size();) {
+    const std::size_t end = std::min(text.find('\n', begin), text.size());
+    const std::string_view line(text.data() + begin, end - begin);
+    begin = end + 1;
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("{} line {}", path, line_number);
     if (rows.size() == max_sequences) fail(where, "more than {} sequences", max_sequences);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      fail(where, "not JSON: {}", e.what());
+      j = nn::detail::parse_json(line, where, 3);  // an object of lists of numbers, no deeper
+    } catch (const std::runtime_error& e) {
+      throw std::invalid_argument(e.what());
     }
     if (!j.is_object()) fail(where, "a line is one object {{\"tokens\": ..., \"targets\": ...}}, not {}", j.type_name());
     for (const auto& [key, value] : j.items())

@@ -1,5 +1,7 @@
 #include "qkv/training/memory.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <iterator>
 
@@ -49,6 +51,12 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
   return e;
 }
 
+namespace {
+std::atomic<std::size_t> memory_sharers{1};
+}  // namespace
+
+void share_memory(std::size_t processes) { memory_sharers.store(std::max<std::size_t>(1, processes)); }
+
 void check_memory(const TrainOptions& o, bool training) {
   const nn::TransformerConfig& m = o.model;
   MemoryEstimate need = estimate_memory(o);
@@ -56,7 +64,7 @@ void check_memory(const TrainOptions& o, bool training) {
     need.model /= 4;
     need.step /= 2;
   }
-  const double available = nn::available_memory();
+  const double available = nn::available_memory() / double(memory_sharers.load());
   if (need.model + need.step > available) {
     // The option to make smaller: of those whose value at the task's default would need less, the
     // one furthest above its default.
@@ -92,10 +100,13 @@ void check_memory(const TrainOptions& o, bool training) {
       consider("model.kv_heads", double(m.kv_heads), kv_heads(d),
                [&](TrainOptions& s) { s.model.kv_heads = std::size_t(kv_heads(d)); });
     throw OptionError(field, fmt::format("needs about {} for the model{} and {} for a {} (batch {} of {} tokens, d_model {}, "
-                                         "{} layers of {} heads), more than the {} this machine has available",
+                                         "{} layers of {} heads), more than the {} this machine has available{}",
                                          bytes_text(need.model), training ? " and its optimizer state" : "",
                                          bytes_text(need.step), training ? "training step" : "forward pass", o.batch,
-                                         m.max_len, m.d_model, m.layers, m.heads, bytes_text(available)));
+                                         m.max_len, m.d_model, m.layers, m.heads, bytes_text(available),
+                                         memory_sharers.load() > 1
+                                             ? fmt::format(" for each of {} runs at once", memory_sharers.load())
+                                             : std::string()));
   }
 }
 

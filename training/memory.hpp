@@ -18,4 +18,7 @@ MemoryEstimate estimate_memory(const TrainOptions& options);
 // without `training`, the weights and a forward pass) would need more memory than this machine
 // has available (estimate_memory). train and load_model check it before they allocate anything.
 void check_memory(const TrainOptions& options, bool training);
+// From now on check_memory counts 1/processes of the memory this machine has available: for runs
+// trained `processes` at once (qkv sweep -j). 1 restores the whole.
+void share_memory(std::size_t processes);
 }  // namespace qkv::training

@@ -54,8 +54,6 @@ std::vector<bool> attention_masks(const std::string& text) {
   }
 }
 
-// The text of a value for messages: a string as it is, anything else as JSON.
-std::string shown(const nlohmann::json& value) { return value.is_string() ? value.get<std::string>() : value.dump(); }
 
 std::optional<std::uint64_t> count_of(const nlohmann::json& value) {
   if (value.is_number_unsigned()) return value.get<std::uint64_t>();
@@ -134,19 +132,19 @@ std::string refusal(const RunOption& option, const nlohmann::json& value) {
     case Kind::count: {
       const auto v = count_of(value);
       if (!v || *v < option.min || *v > option.max)
-        return fmt::format("must be a whole number from {} to {}, got '{}'", option.min, option.max, shown(value));
+        return fmt::format("must be a whole number from {} to {}, got '{}'", option.min, option.max, value_text(value));
       return "";
     }
     case Kind::number:
-      return number_of(value) ? "" : fmt::format("must be a number, got '{}'", shown(value));
+      return number_of(value) ? "" : fmt::format("must be a number, got '{}'", value_text(value));
     case Kind::choice:
       if (value.is_string() && std::count(option.choices.begin(), option.choices.end(), value.get<std::string>()))
         return "";
-      return fmt::format("must be one of {}, got '{}'", fmt::join(option.choices, ", "), shown(value));
+      return fmt::format("must be one of {}, got '{}'", fmt::join(option.choices, ", "), value_text(value));
     case Kind::flag:
-      return flag_of(value) ? "" : fmt::format("must be true or false, got '{}'", shown(value));
+      return flag_of(value) ? "" : fmt::format("must be true or false, got '{}'", value_text(value));
     case Kind::masks:
-      if (!value.is_string()) return fmt::format("must be causal or bidirectional, or one per layer, got '{}'", shown(value));
+      if (!value.is_string()) return fmt::format("must be causal or bidirectional, or one per layer, got '{}'", value_text(value));
       try {
         attention_masks(value.get<std::string>());
       } catch (const std::invalid_argument& e) {
@@ -155,6 +153,27 @@ std::string refusal(const RunOption& option, const nlohmann::json& value) {
       return "";
   }
   return "";
+}
+
+std::string value_text(const nlohmann::json& value) {
+  std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+nlohmann::json normalized_value(const RunOption& option, const nlohmann::json& value) {
+  switch (option.kind) {
+    case Kind::count:
+      return *count_of(value);
+    case Kind::number:
+      return *number_of(value);
+    case Kind::flag:
+      return *flag_of(value);
+    case Kind::choice:
+    case Kind::masks:
+      return value;
+  }
+  return value;
 }
 
 TrainOptions run_options(const std::string& task, const nlohmann::json& given) {

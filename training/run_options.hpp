@@ -51,6 +51,13 @@ struct RunOptionError : std::invalid_argument {
 // out of its range or not whole, a name that is no choice, a flag that is not true or false).
 std::string refusal(const RunOption& option, const nlohmann::json& value);
 
+// A value refusal() found good, as the option reads it, in one spelling: 300 for "300", 0.01 for
+// "1e-2", true for "true"; a number past a double's range is ±inf or 0, for check_options to refuse.
+nlohmann::json normalized_value(const RunOption& option, const nlohmann::json& value);
+
+// A value as messages show it: a string as it is, anything else as JSON; at most 60 bytes.
+std::string value_text(const nlohmann::json& value);
+
 // The options of a new run of `task`: the task's defaults (of size `given["n"]` when given), then
 // each given option (name → value, names as find_run_option reads them) in the table's order.
 // Throws RunOptionError naming the first option at fault: an unknown name, a value it refuses, a

@@ -243,6 +243,8 @@ void request_stop(int signal) { stop_signal.store(signal); }
 
 }  // namespace
 
+int pending_stop() { return stop_signal.load(); }
+
 void stop_on_signals() {
   struct sigaction action {};
   action.sa_handler = request_stop;

@@ -27,6 +27,9 @@ struct Interrupted : std::runtime_error {
 // signal ends the program at once (the checkpoint already committed stays whole). A signal the
 // program was started ignoring (a background job's SIGINT) stays ignored.
 void stop_on_signals();
+// The signal that asked the run to stop and has not been answered yet (SIGINT, SIGTERM), or 0:
+// for a program that waits on runs in other processes and passes it on.
+int pending_stop();
 
 struct TrainResult {
   tasks::Metrics eval;  // on held-out sequences

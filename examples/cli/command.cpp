@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 #include <stdexcept>
 
 #include "qkv/core/shape.hpp"
@@ -18,6 +20,12 @@ CLI::Validator whole(std::uint64_t lo, std::uint64_t hi) {
         return "";
       },
       fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+std::uint64_t default_jobs() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+void add_jobs_option(CLI::App& sub, std::uint64_t& jobs) {
+  sub.add_option("-j,--jobs", jobs, "Runs at once, each a process of one thread (default: the cores)")->check(whole(1, 1024));
 }
 
 bool escapes_shown(int fd) {

@@ -36,6 +36,10 @@ template <class... Args>
   throw training::UsageError(fmt::format("{}: {}", option, fmt::format(text, std::forward<Args>(args)...)));
 }
 
+// -j/--jobs of a command that runs many runs: each a process of one thread; by default the cores.
+std::uint64_t default_jobs();
+void add_jobs_option(CLI::App& sub, std::uint64_t& jobs);
+
 // A whole number in [lo, hi], checked on the text before CLI11 converts it: the conversion would
 // wrap "-1" into an unsigned option, and cap a number too large for its type.
 CLI::Validator whole(std::uint64_t lo, std::uint64_t hi);

@@ -2,7 +2,6 @@
 // an experiment's grid of runs over seeds, on every core, its table on stdout.
 #include <iostream>
 #include <memory>
-#include <thread>
 
 #include <fmt/ranges.h>
 
@@ -17,7 +16,7 @@ namespace {
 struct ExperimentArgs {
   experiments::ExperimentOptions options;
   std::uint64_t seeds = 0;
-  std::uint64_t jobs = std::max(1u, std::thread::hardware_concurrency());
+  std::uint64_t jobs = default_jobs();
 };
 
 // A markdown table on stdout; results.json, the chart and each run's folder under --out.
@@ -47,7 +46,7 @@ void add_experiment(CLI::App& app, Command& run) {
   sub->add_option("--seed-start", e.seed_start, "The first seed (default 0)")->check(whole(0, 1'000'000'000));
   sub->add_option("--seeds", a->seeds, fmt::format("Seeds per configuration (default {}; 1 with --quick)", full_seeds))
       ->check(whole(1, 1000));
-  sub->add_option("-j,--jobs", a->jobs, "Runs at once, each a process of one thread (default: the cores)")->check(whole(1, 1024));
+  add_jobs_option(*sub, a->jobs);
   sub->add_option("--out", e.out, "Folder for results.json, the chart and the runs");
   sub->add_flag("--force", e.force, "Replace the results of an experiment already in --out");
   sub->callback([&run, a] { run = [a] { return run_experiment(*a); }; });

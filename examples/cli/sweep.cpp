@@ -1,12 +1,15 @@
 // qkv sweep FILE [--out DIR] [-j N] [--list] [--index I --of N] [--collect [--partial]]
 //   [--slurm [--per-task K] [--throttle P] [--sbatch LINE] [--submit]]: a grid of runs
 // (sweep/sweep.hpp) on every core, a slice of it on one worker of many, or a Slurm job array.
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <thread>
 
 #include "examples/cli/command.hpp"
 #include "qkv/sweep/sweep.hpp"
@@ -16,13 +19,15 @@
 #include <mpi.h>
 #endif
 
+extern char** environ;
+
 namespace qkv::cli {
 
 namespace {
 
 struct SweepArgs {
   std::string file, out;
-  std::uint64_t jobs = std::max(1u, std::thread::hardware_concurrency());
+  std::uint64_t jobs = default_jobs();
   std::uint64_t index = 0, of = 1;
   bool list = false, collect = false, partial = false;
   bool slurm = false, submit = false;
@@ -49,8 +54,15 @@ int write_slurm(const sweep::Sweep& s, const std::string& out, const SweepArgs& 
     return 0;
   }
   std::fflush(stdout);
-  const int status = std::system(fmt::format("sbatch '{}'", script).c_str());
-  if (status != 0) throw std::runtime_error(fmt::format("sbatch {} failed (status {})", script, status));
+  const char* argv[] = {"sbatch", script.c_str(), nullptr};
+  pid_t pid = 0;
+  if (::posix_spawnp(&pid, "sbatch", nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0)
+    throw std::runtime_error("sbatch: cannot run it (is Slurm installed here?)");
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error(fmt::format("sbatch {} failed (exit {})", script, WIFEXITED(status) ? WEXITSTATUS(status) : -1));
   fmt::print("once it has ended: qkv sweep {} --out {} --collect\n", a.file, out);
   return 0;
 }
@@ -108,6 +120,15 @@ class MpiWorld {
     if (active_) MPI_Barrier(MPI_COMM_WORLD);
 #endif
   }
+  bool active() const { return active_; }
+  // Ends every rank: one that fails alone would leave the others waiting for it.
+  [[noreturn]] void abort(const std::string& why, int code) const {
+    fmt::print(stderr, "qkv: rank {}: {}\n", rank_, why);
+#ifdef QKV_MPI
+    if (active_) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    std::exit(code);
+  }
 
  private:
   int rank_ = 0, size_ = 1;
@@ -116,11 +137,21 @@ class MpiWorld {
 
 // A sweep on the ranks of an MPI job: rank 0 prepares the folder, each rank runs its slice, rank 0
 // merges.
+// Any error, or a signal, on one rank ends them all (MPI_Abort).
 int run_ranks(const sweep::Sweep& s, const std::string& out, const MpiWorld& world) {
-  if (world.rank() == 0) sweep::prepare_folder(s, out);
-  world.barrier();
-  const sweep::WorkerReport r = sweep::run_workers(
-      s, {.out = out, .jobs = 1, .index = std::size_t(world.rank()), .of = std::size_t(world.size())}, std::cerr);
+  sweep::WorkerReport r;
+  try {
+    if (world.rank() == 0) sweep::prepare_folder(s, out);
+    world.barrier();
+    r = sweep::run_workers(s, {.out = out, .jobs = 1, .index = std::size_t(world.rank()), .of = std::size_t(world.size())},
+                           std::cerr);
+  } catch (const training::Interrupted& e) {
+    world.abort(e.what(), 128 + e.signal);
+  } catch (const training::UsageError& e) {
+    world.abort(e.what(), 2);
+  } catch (const std::exception& e) {
+    world.abort(fmt::format("error: {}", e.what()), 1);
+  }
   const std::size_t failed = world.all_done(r.failed);
   if (world.rank() != 0) return failed > 0 ? 1 : 0;
   return collect_and_show(s, out, false);
@@ -137,7 +168,7 @@ int run_sweep(const SweepArgs& a) {
   if (a.collect) return collect_and_show(s, out, a.partial);
   if (a.slurm) return write_slurm(s, out, a);
   const MpiWorld world;
-  if (world.size() > 1) {
+  if (world.active()) {  // one rank a process (fork after MPI_Init is not safe)
     if (a.of > 1) usage("--index", "an MPI job slices the runs by rank: drop --index and --of");
     fmt::print(stderr, "{} runs in {}; MPI rank {} of {}\n", s.runs.size(), out, world.rank(), world.size());
     return run_ranks(s, out, world);
@@ -153,7 +184,12 @@ int run_sweep(const SweepArgs& a) {
                            .dump());
     return r.failed > 0 ? 1 : 0;
   }
-  return collect_and_show(s, out, r.busy > 0);
+  if (r.busy > 0) {  // other workers hold some runs: the results are merged once they are done
+    fmt::print(stderr, "qkv: {} runs are held by other workers; once they are done: qkv sweep {} --out {} --collect\n",
+               r.busy, a.file, out);
+    return 1;
+  }
+  return collect_and_show(s, out, false);
 }
 
 }  // namespace
@@ -165,7 +201,7 @@ void add_sweep(CLI::App& app, Command& run) {
                                    "value}, \"seeds\": {\"start\": S, \"count\": K}}")
       ->required();
   sub->add_option("--out", a->out, "Folder of the runs and results (default runs/sweep-NAME, NAME the file's)");
-  sub->add_option("-j,--jobs", a->jobs, "Runs at once, each a process of one thread (default: the cores)")->check(whole(1, 1024));
+  add_jobs_option(*sub, a->jobs);
   sub->add_flag("--list", a->list, "Print the run ids, one a line, and run nothing");
   auto* index = sub->add_option("--index", a->index, "Run the I-th slice of --of (from 0): runs I, I + N, ...")->check(whole(0, 1'000'000));
   auto* of = sub->add_option("--of", a->of, "Slices the runs are cut into")->check(whole(1, 1'000'000));

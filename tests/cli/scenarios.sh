@@ -271,6 +271,24 @@ EOF2
     run "$qkv" sweep grid.json --out mine
     expect 2 "--out mine: holds files of something other than a sweep"
     ;;
+  sweep-interrupt)  # a TERM to the sweep reaches its worker processes: they stop, none is left, a rerun finishes
+    cat > long.json <<'EOF2'
+{"tasks": ["brackets"], "fixed": {"steps": 4000, "layers": 1}, "seeds": {"count": 4}}
+EOF2
+    "$qkv" sweep long.json --out long -j 2 > /dev/null 2> progress.txt &
+    sweep=$!
+    sleep 1.5  # both workers in a run
+    kill -TERM "$sweep"
+    wait "$sweep"
+    code=$?
+    [ "$code" -eq 143 ] || fail "exit code $code, expected 143: $(cat progress.txt)"
+    grep -q "interrupted; rerun it to go on" progress.txt || fail "no message: $(cat progress.txt)"
+    sleep 0.5
+    pgrep -f -- "--out long -j 2" > /dev/null && fail "a worker process outlived the sweep"
+    [ "$(find long/results -name '*.json' | wc -l)" -lt 4 ] || fail "every run finished before the signal"
+    "$qkv" sweep long.json --out long -j 2 > /dev/null 2>&1 || fail "the rerun failed"
+    [ "$(wc -l < long/results.jsonl)" -eq 4 ] || fail "the rerun did not finish the runs"
+    ;;
   masks-and-lengths)  # a mask per layer, recorded; positions past the task's, scored by eval
     "$qkv" train brackets --out run --steps 20 --attention causal,bidirectional --max-len 65 \
       --positions sinusoidal >/dev/null 2>&1 || fail "the run did not train"

@@ -1,4 +1,5 @@
-"""Two sweeps' results.jsonl hold the same runs with the same numbers, but for the seconds.
+"""Two sweeps' results.jsonl hold the same runs with the same numbers, but for the seconds (and the
+token of the pass of workers that trained each).
 Usage: same_results.py A B"""
 import json
 import sys
@@ -10,6 +11,7 @@ def runs(path):
         for line in f:
             r = json.loads(line)
             r.pop("seconds")
+            r.pop("pass")
             out[r["id"]] = r
     return out
 

@@ -2,13 +2,15 @@
 # A single-node Slurm (munged, slurmctld and slurmd from Debian, configured in a temporary folder and
 # stopped after) runs a sweep as a job array through `qkv sweep --slurm --submit`; its collected
 # results are the local `-j 2` run's, bit for bit but the seconds. Skipped (exit 77) where Slurm or
-# munge is not installed (scripts/install-deps --cluster installs them).
+# munge is not installed (scripts/install-deps --cluster installs them), or when not run as root
+# (the daemons run as root, and munged's key is the system's).
 #   tests/cluster/slurm.sh QKV
 set -euo pipefail
 qkv="$(realpath "$1")"
 for tool in slurmctld slurmd munged sbatch squeue sinfo; do
   command -v "$tool" > /dev/null || { echo "skipped: $tool is not installed (scripts/install-deps --cluster)"; exit 77; }
 done
+[ "$(id -u)" -eq 0 ] || { echo "skipped: a single-node Slurm is started as root (as in CI)"; exit 77; }
 here="$(cd "$(dirname "$0")" && pwd)"
 work="$(mktemp -d)"
 started_munge=""
@@ -17,7 +19,7 @@ stop() {
     [ -s "$pid" ] && kill "$(cat "$pid")" 2> /dev/null || true
   done
   sleep 1
-  [ -n "$started_munge" ] && pkill -u munge -x munged 2> /dev/null || true
+  [ -n "$started_munge" ] && [ -s /run/munge/munged.pid ] && kill "$(cat /run/munge/munged.pid)" 2> /dev/null || true
   rm -rf "$work"
 }
 trap stop EXIT
@@ -34,6 +36,12 @@ if ! munge -n 2> /dev/null | unmunge > /dev/null 2>&1; then
 fi
 
 host="$(hostname)"
+# Two free ports, for slurmctld and slurmd.
+read -r ctld_port slurmd_port < <(python3 -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("", 0))
+print(*(x.getsockname()[1] for x in s))')
 mkdir -p "$work/state" "$work/spool"
 cat > "$work/slurm.conf" <<CONF
 ClusterName=qkvtest
@@ -47,8 +55,8 @@ SlurmctldPidFile=$work/slurmctld.pid
 SlurmdPidFile=$work/slurmd.pid
 SlurmctldLogFile=$work/slurmctld.log
 SlurmdLogFile=$work/slurmd.log
-SlurmctldPort=${QKV_SLURMCTLD_PORT:-6817}
-SlurmdPort=${QKV_SLURMD_PORT:-6818}
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres

@@ -393,3 +393,19 @@ TEST_CASE("the docs' experiment tables are those of the committed results") {
     CHECK(page.find(table) != std::string::npos);
   }
 }
+
+TEST_CASE("an experiment on two processes gives the results of one, bit for bit but the seconds") {
+  std::ostringstream progress;
+  ExperimentOptions one = tiny("kv", "one_process"), two = tiny("kv", "two_processes");
+  two.jobs = 2;
+  const ExperimentResult a = run_experiment(one, progress, false), b = run_experiment(two, progress, false);
+  REQUIRE(a.runs.size() == 6);
+  REQUIRE(b.runs.size() == 6);
+  for (std::size_t i = 0; i < 6; ++i) {
+    nlohmann::ordered_json x = a.runs[i], y = b.runs[i];
+    x.erase("seconds"), y.erase("seconds");
+    x["config"].erase("out"), y["config"].erase("out");
+    CHECK(x.dump() == y.dump());
+  }
+  CHECK(a.table == b.table);
+}

@@ -68,7 +68,8 @@ TEST_CASE("read_dataset refuses a bad line naming the file, the line and the fie
   const tasks::VocabularyTask task("run", config);
   const std::string ok = R"({"tokens": [0, 1], "targets": [1, 2]})" "\n";
   CHECK_THAT(refusal("", task), Contains("holds no sequences"));
-  CHECK_THAT(refusal(ok + "{\"tokens\": [0, 1]", task), Contains("data.jsonl line 2: not JSON"));
+  CHECK_THAT(refusal(ok + "{\"tokens\": [0, 1]", task), Contains("data.jsonl line 2: invalid JSON"));
+  CHECK_THAT(refusal(R"({"tokens": [[[0]]], "targets": [1]})", task), Contains("line 1: ") && Contains("deep"));
   CHECK_THAT(refusal("[1, 2]\n", task), Contains("line 1: a line is one object"));
   CHECK_THAT(refusal(R"({"tokens": [0], "targets": [1], "weights": [1]})", task), Contains("unknown field 'weights'"));
   CHECK_THAT(refusal(R"({"targets": [1]})", task), Contains("'tokens' is missing"));
