@@ -1,6 +1,7 @@
 #include "qkv/training/run_analysis.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include "qkv/core/shape.hpp"
 #include "qkv/nn/detail/json.hpp"
 #include "qkv/nn/files.hpp"
+#include "qkv/nn/generate.hpp"
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/tasks/vocabulary_task.hpp"
@@ -111,6 +113,67 @@ std::unique_ptr<Task> run_task(const std::string& dir) { return open_run(dir).ta
 
 std::vector<std::int64_t> parse_input(const RunInfo& run, const std::string& text) {
   return encode_input(*run.task, text, run.input_positions);
+}
+
+namespace {
+
+// A bad option of qkv generate: a bad command line.
+template <class... Args>
+[[noreturn]] void bad_option(const std::string& option, fmt::format_string<Args...> text, Args&&... args) {
+  throw UsageError(fmt::format("{}: {}", option, fmt::format(text, std::forward<Args>(args)...)));
+}
+
+nn::Sampling sampling(const GenerateOptions& g) {
+  if (!(g.temperature >= 0) || !std::isfinite(g.temperature))
+    bad_option("--temperature", "is {}; it must be 0 or more", g.temperature);
+  if (g.top_k > 0 && g.temperature == 0) bad_option("--top-k", "needs --temperature: greedy decoding takes the likeliest token");
+  return {.temperature = g.temperature, .top_k = g.top_k};
+}
+
+std::vector<std::int64_t> input_of(const Task& task, const std::string& text, std::size_t positions) {
+  try {
+    return encode_input(task, text, positions);
+  } catch (const std::invalid_argument& e) {
+    bad_option("--input", "{}", e.what());
+  }
+}
+
+}  // namespace
+
+std::string generate_run(const std::string& dir, const std::string& text, const GenerateOptions& g) {
+  const RunInfo run = open_run(dir);
+  const std::string name = run.library_run() ? "run" : run.options->task;
+  if (const Seq2SeqTask* seq2seq = as_seq2seq(*run.task)) {  // the output for the source, up to its end token
+    const auto model = load_encoder_decoder(dir);
+    const nn::EncoderDecoderConfig& c = model->config();
+    const std::vector<std::int64_t> source = input_of(*seq2seq, text, c.max_src_len);
+    const std::size_t count = g.tokens.value_or(c.max_tgt_len);
+    if (count > c.max_tgt_len) bad_option("--tokens", "{} pass the decoder's {} positions", count, c.max_tgt_len);
+    Generator gen(g.seed);
+    const IndexArray out = nn::generate(*model, one_row(source), seq2seq->sides().start, count, sampling(g), gen, g.cache);
+    return seq2seq->decode(std::vector<std::int64_t>(out.begin(), out.end()));
+  }
+  const auto model = run.library_run() ? nn::load_transformer(dir) : load_model(dir);
+  const nn::TransformerConfig& c = model->config();
+  // A run that cannot generate is the wrong run for the command: a bad command line.
+  if (c.readout != nn::Readout::token || c.n_classes != c.vocab_size)
+    throw UsageError(fmt::format("{}: a {} model predicts {}, not the next token: it cannot generate", dir, name,
+                                 c.readout == nn::Readout::token ? "a class per position" : "positions"));
+  try {
+    model->check_decodable();  // the library's check, named with the run
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("{}: {}", dir, e.what()));
+  }
+  const std::vector<std::int64_t> input = input_of(*run.task, text, c.max_len);
+  if (input.size() == c.max_len)
+    bad_option("--input", "{} tokens leave none of the model's {} positions to generate", input.size(), c.max_len);
+  const std::size_t count = g.tokens.value_or(c.max_len - input.size());
+  if (input.size() + count > c.max_len)
+    bad_option("--tokens", "{} after {} input tokens pass the model's {} positions", count, input.size(), c.max_len);
+  const nn::Sampling s = sampling(g);
+  Generator gen(g.seed);
+  const IndexArray out = nn::generate(*model, one_row(input), count, s, gen, g.cache);
+  return run.task->decode(std::vector<std::int64_t>(out.begin(), out.end()));
 }
 
 void save_model_config(const std::string& dir, const nn::TransformerConfig& config, const std::vector<std::string>& token_names) {

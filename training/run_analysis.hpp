@@ -70,6 +70,20 @@ using RunInspection = std::variant<analysis::Inspection, analysis::AlignmentInsp
 RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<std::int64_t>>& input, bool history);
 RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history);
 
+// `qkv generate DIR --input TEXT`: what a run writes after `input` (the run's text: its task's, or
+// a library program's token names or ids): the input continued, for a run whose model predicts the
+// next token; a seq2seq run's output for the source `input`, up to its end token. As text.
+struct GenerateOptions {
+  std::optional<std::size_t> tokens{};  // to generate; none: up to the model's positions
+  bool cache = true;                    // the KV cache; without it the model reads the whole sequence a step
+  double temperature = 0;               // 0: greedy
+  std::size_t top_k = 0;                // with a temperature: among the k likeliest (0: all)
+  std::uint64_t seed = 0;               // of the sampling
+};
+// Throws UsageError naming the option at fault ("--input", "--tokens", "--temperature", "--top-k")
+// or, for a run whose model does not predict the next token, the run.
+std::string generate_run(const std::string& dir, const std::string& input, const GenerateOptions& options = {});
+
 // DIR/config.json of a library program's run, written atomically: {"model": CONFIG} and, when
 // given, "tokens": a name for each token id, which inspect_run's pages and tables then show (and
 // parse_input reads). Names are checked as open_run checks them: std::invalid_argument naming the

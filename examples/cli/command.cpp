@@ -33,12 +33,4 @@ bool escapes_shown(int fd) {
   return ::isatty(fd) && !(term && std::string_view(term) == "dumb");
 }
 
-std::vector<std::int64_t> input_tokens(const tasks::Task& task, const std::string& text, std::size_t positions) {
-  try {
-    return tasks::encode_input(task, text, positions);
-  } catch (const std::invalid_argument& e) {
-    usage("--input", "{}", e.what());
-  }
-}
-
 }  // namespace qkv::cli

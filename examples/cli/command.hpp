@@ -47,7 +47,4 @@ CLI::Validator whole(std::uint64_t lo, std::uint64_t hi);
 // Whether the terminal at `fd` shows colours and in-place lines: a terminal, other than a dumb one.
 bool escapes_shown(int fd);
 
-// --input as tokens of `task`, at most `positions` of them.
-std::vector<std::int64_t> input_tokens(const tasks::Task& task, const std::string& text, std::size_t positions);
-
 }  // namespace qkv::cli

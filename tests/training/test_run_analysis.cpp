@@ -166,3 +166,37 @@ TEST_CASE("a library program's run is evaluated and ablated on a data file, and 
   CHECK_FALSE(a.heads[2].read);  // the readout is layer 1's head-0 scores
   CHECK_THROWS_WITH(training::evaluate_run(dir, dir + "/none.jsonl"), Contains(dir + "/none.jsonl"));
 }
+
+TEST_CASE("a library program's next-token run generates by its token names, as greedy decoding by hand does") {
+  const std::string dir = scratch("library-run-generate");
+  const nn::TransformerConfig config{.vocab_size = 5, .n_classes = 5, .max_len = 6, .layers = 1, .d_model = 8, .heads = 2};
+  {
+    Generator gen(11);
+    nn::Transformer model(config, gen);
+    const nn::RunLock lock(dir);
+    training::save_model_config(dir, config, {"a", "b", "c", "d", "e"});
+    nn::save_checkpoint(dir, model, {}, {.step = 1});
+  }
+  // By hand: the whole sequence through the model at each step, the likeliest next token appended.
+  const auto model = nn::load_transformer(dir);
+  std::vector<std::int64_t> tokens = {1, 3};
+  for (int step = 0; step < 3; ++step) {
+    const Array<double> logits = model->forward(tasks::one_row(tokens)).logits.to(DType::float64).value<double>();
+    const std::size_t last = tokens.size() - 1;
+    std::int64_t best = 0;
+    for (std::int64_t v = 1; v < 5; ++v)
+      if (logits(0, last, v) > logits(0, last, best)) best = v;
+    tokens.push_back(best);
+  }
+  const char* const names[] = {"a", "b", "c", "d", "e"};
+  std::string expected;
+  for (const std::int64_t t : tokens) {
+    if (!expected.empty()) expected += ' ';
+    expected += names[t];
+  }
+  CHECK(training::generate_run(dir, "b d", {.tokens = 3}) == expected);
+  CHECK(training::generate_run(dir, "1 3", {.tokens = 3, .cache = false}) == expected);
+  CHECK_THROWS_WITH(training::generate_run(dir, "b d", {.tokens = 5}), Contains("--tokens: 5 after 2 input tokens pass the model's 6 positions"));
+  CHECK_THROWS_WITH(training::generate_run(dir, "b z", {}), Contains("--input: ") && Contains("'z'"));
+  CHECK_THROWS_WITH(training::generate_run(dir, "b", {.top_k = 2}), Contains("--top-k: needs --temperature"));
+}
