@@ -10,6 +10,10 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/report/charts.hpp"
+#include "qkv/experiments/detail/shipped_files.hpp"
+#include "qkv/nn/detail/json.hpp"
+#include "qkv/sweep/measurements.hpp"
+#include "qkv/sweep/sweep.hpp"
 #include "qkv/tasks/find_spec.hpp"
 #include "qkv/analysis/inspect.hpp"
 #include "qkv/training/trainer.hpp"
@@ -53,7 +57,7 @@ std::vector<double> curve_values(const RunGroup& g, std::size_t step, const char
 
 }  // namespace
 
-std::string experiment_table(const std::string& name, const Json& runs) {
+std::string experiment_table(const std::vector<std::string>& measure, const Json& runs) {
   const std::vector<RunGroup> groups = group_runs(runs);
   if (groups.empty()) return "";
   std::vector<std::string> header;
@@ -66,7 +70,9 @@ std::string experiment_table(const std::string& name, const Json& runs) {
   header.push_back(same_steps ? fmt::format("accuracy at step {}", steps) : std::string("accuracy at the end"));
   header.insert(header.end(), {"steps to target", "σ init", "σ", "asymmetry init", "asymmetry"});
   // The experiment's own columns, then those of each task's probe.
-  std::vector<Column> extras = experiment_spec(name).columns;
+  std::vector<Column> extras;
+  for (const std::string& m : measure)
+    for (const Column& c : sweep::measurement(m).columns) extras.push_back(c);
   std::vector<std::string> tasks;
   for (const Json& run : runs)
     if (std::find(tasks.begin(), tasks.end(), run["task"]) == tasks.end()) tasks.push_back(run["task"]);
@@ -96,93 +102,121 @@ std::string experiment_table(const std::string& name, const Json& runs) {
   return out;
 }
 
-std::vector<std::string> experiment_names() { return names_of(experiment_registry()); }
+namespace {
 
-const ExperimentSpec& experiment_spec(const std::string& name) {
-  return find_spec(experiment_registry(), name, "experiment");
+struct Shipped {
+  std::string name, text, description;
+};
+
+const std::vector<Shipped>& shipped() {
+  static const std::vector<Shipped> files = [] {
+    std::vector<Shipped> out;
+    for (std::size_t i = 0; i < detail::shipped_file_count; ++i) {
+      const auto& [name, text] = detail::shipped_files[i];
+      out.push_back({name, text, Json::parse(text).value("description", "")});
+    }
+    return out;
+  }();
+  return files;
 }
 
-TrainOptions experiment_run(const std::string& task, const ExperimentOptions& e, std::size_t n) {
-  TrainOptions o = default_options(task, n);
-  o.steps = e.steps ? e.steps : e.quick ? quick_steps : full_steps;
-  o.warmup = std::min<std::size_t>(o.warmup, o.steps / 10 + 1);
-  o.eval_batches = e.eval_batches;
-  o.target = task_spec(task).target;
-  o.target_every = e.quick ? 25 : 50;
-  o.checkpoint_every = o.steps;  // at the end only
-  o.log_every = std::max<std::size_t>(1, o.steps / 10);
-  return o;
+// The experiment's name: a shipped one's, or a file's name without its folder and .json.
+std::string name_of(const std::string& name_or_path) {
+  if (!name_or_path.ends_with(".json")) return name_or_path;
+  return std::filesystem::path(name_or_path).stem().string();
 }
 
-void set_variant(TrainOptions& o, const std::string& variant) {
-  // A QK name (untied, tied, symmetric) with learned projections, or a projection (frozen, identity).
-  o.model.qk = nn::from_name(nn::all_qk, variant).value_or(nn::QK::untied);
-  o.model.proj = nn::from_name(nn::all_projections, variant).value_or(nn::Projection::learned);
+}  // namespace
+
+std::vector<std::string> experiment_names() { return names_of(shipped()); }
+
+const std::string& experiment_file(const std::string& name) { return find_spec(shipped(), name, "experiment").text; }
+
+std::string experiment_description(const std::string& name) { return find_spec(shipped(), name, "experiment").description; }
+
+std::string experiment_table(const std::string& name, const Json& runs) {
+  const Json spec = Json::parse(experiment_file(name));
+  return experiment_table(spec.value("measure", std::vector<std::string>{}), runs);
+}
+
+Json experiment_sweep(const ExperimentOptions& e) {
+  Json spec;
+  if (e.name.ends_with(".json")) {
+    const std::string text = nn::read_file(e.name, 1 << 20);
+    nn::detail::parse_json(text, e.name, 6);  // checked, then read keeping the file's order
+    spec = Json::parse(text);
+    if (!spec.is_object()) throw std::invalid_argument(fmt::format("{}: a sweep is one JSON object", e.name));
+  } else {
+    spec = Json::parse(experiment_file(e.name));
+  }
+  const std::size_t steps = e.quick && !e.steps ? quick_steps : e.steps;
+  if (steps) {
+    if (!spec.contains("fixed")) spec["fixed"] = Json::object();
+    Json& fixed = spec["fixed"];
+    if (!fixed.is_object()) return spec;  // refused as it is, by parse_sweep
+    fixed["steps"] = steps;
+    // A shorter budget than the default warmup's tenfold keeps the warmup to a tenth of the steps.
+    const std::size_t warmup = tasks::TrainOptions{}.warmup;
+    if (!fixed.contains("warmup") && steps / 10 + 1 < warmup) fixed["warmup"] = steps / 10 + 1;
+  }
+  if (e.quick || e.seeds || e.seed_start) {
+    if (!spec.contains("seeds")) spec["seeds"] = Json::object();
+    if (!spec["seeds"].is_object()) return spec;  // refused as it is, by parse_sweep
+    if (e.seeds || e.quick) spec["seeds"]["count"] = e.seeds ? e.seeds : 1;
+    if (e.seed_start) spec["seeds"]["start"] = *e.seed_start;
+  }
+  return spec;
 }
 
 ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progress, bool tty) {
-  const ExperimentSpec& spec = experiment_spec(e.name);
-  const std::vector<ExperimentConfig> configs = spec.plan(e);
-  const std::size_t seeds = e.seeds ? e.seeds : e.quick ? 1 : full_seeds;
-  const std::string out = e.out.empty() ? "runs/experiment-" + e.name : e.out;
+  const std::string name = name_of(e.name);
+  const Json spec = experiment_sweep(e);
+  sweep::Sweep plan = sweep::parse_sweep(spec, e.name.ends_with(".json") ? e.name : "experiment " + e.name);
+  const std::string out = e.out.empty() ? "runs/experiment-" + name : e.out;
   std::error_code error;
   const bool has_runs = std::filesystem::exists(out + "/runs", error) && !std::filesystem::is_empty(out + "/runs", error);
   if (!e.force && (std::filesystem::exists(out + "/results.json", error) || has_runs))
     throw UsageError(fmt::format("--out {}: holds an experiment's results already; give --force to replace them", out));
   // Replaced: the old results go before the first run does, so that none outlives the runs it told of.
-  for (const char* file : {"results.json", "table.md"}) std::filesystem::remove(out + "/" + file, error);
+  for (const char* file : {"results.json", "table.md", "results.jsonl", "results.csv", "summary.md"})
+    std::filesystem::remove(out + "/" + file, error);
   std::filesystem::remove_all(out + "/results", error);
   std::filesystem::create_directories(out + "/runs");
   std::filesystem::create_directories(out + "/results");
+  nn::write_atomically(out + "/sweep.json", spec.dump(2) + "\n");  // the sweep it runs, for `qkv sweep` to run again
 
-  // Every configuration for every seed, as the runs of a sweep: in this process (jobs 1) or in
-  // `jobs` processes, each run's numbers the same.
-  std::vector<sweep::Run> runs;
-  for (std::uint64_t seed = e.seed_start; seed < e.seed_start + seeds; ++seed)
-    for (std::size_t c = 0; c < configs.size(); ++c) {
-      TrainOptions o = configs[c].options;
-      o.seed = seed;
-      runs.push_back({.id = fmt::format("{:02}-seed{}", c, seed),
-                      .task = o.task,
-                      .options = configs[c].labels,
-                      .seed = seed,
-                      .train = o,
-                      .label = fmt::format("{}, seed {}", label_text(configs[c].labels), seed)});
-    }
-  progress << fmt::format("{}: {} runs, {} at once\n", e.name, runs.size(), e.jobs) << std::flush;
+  for (sweep::Run& r : plan.runs) r.label = fmt::format("{}, seed {}", label_text(r.labels), r.seed);
+  progress << fmt::format("{}: {} runs, {} at once\n", name, plan.runs.size(), e.jobs) << std::flush;
   try {
-    sweep::run_runs(runs,
-                    {.out = out,
-                     .jobs = e.jobs,
-                     .extras = {.at_init = spec.at_init, .at_end = spec.at_end},
-                     .stop_on_failure = true,
-                     .show_training = tty},
-                    progress);
+    sweep::run_workers(plan, {.out = out, .jobs = e.jobs, .stop_on_failure = true, .show_training = tty}, progress);
   } catch (const Interrupted& stopped) {
     throw Interrupted(stopped.signal, fmt::format("interrupted: the experiment in {} wrote no results; run it again with "
                                                   "--force",
                                                   out));
   }
 
+  // Seed by seed, each seed's runs in the file's order.
+  std::vector<std::size_t> order(plan.runs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return plan.runs[a].seed < plan.runs[b].seed; });
+  std::vector<std::optional<Json>> measurements;
+  for (const std::size_t i : order) measurements.push_back(sweep::result_of(out, plan.runs[i]));
+  for (std::size_t k = 0; k < order.size(); ++k)  // the run that failed, rather than one it left undone
+    if (measurements[k] && (*measurements[k])["status"] != "ok")
+      throw std::runtime_error(fmt::format("{}/runs/{} ({}): {}", out, plan.runs[order[k]].id, plan.runs[order[k]].label,
+                                           (*measurements[k])["error"].get<std::string>()));
   ExperimentResult result;
   result.runs = Json::array();
-  std::vector<std::optional<Json>> measurements;
-  for (const sweep::Run& r : runs) measurements.push_back(sweep::result_of(out, r));
-  for (std::size_t i = 0; i < runs.size(); ++i)  // the run that failed, rather than one it left undone
-    if (measurements[i] && (*measurements[i])["status"] != "ok")
-      throw std::runtime_error(fmt::format("{}/runs/{} ({}): {}", out, runs[i].id, runs[i].label,
-                                           (*measurements[i])["error"].get<std::string>()));
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const sweep::Run& r = runs[i];
-    const std::optional<Json>& measured = measurements[i];
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const sweep::Run& r = plan.runs[order[k]];
+    const std::optional<Json>& measured = measurements[k];
     if (!measured) throw std::runtime_error(fmt::format("{}/runs/{} ({}): no result", out, r.id, r.label));
-    const ExperimentConfig& config = configs[i % configs.size()];
-    Json run = {{"experiment", e.name},
+    Json run = {{"experiment", name},
                 {"task", r.task},
                 {"variant", variant_of(r.train.model)},
                 {"embeddings", r.train.model.frozen_embeddings ? "frozen" : "learned"},
                 {"seed", r.seed},
-                {"labels", config.labels}};
+                {"labels", r.labels}};
     const std::vector<std::string>& head = sweep::result_head_keys();
     for (const auto& [key, value] : measured->items())  // what the run measured, in its order
       if (std::find(head.begin(), head.end(), key) == head.end()) run[key] = value;
@@ -190,24 +224,32 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
       result.warnings.push_back(fmt::format("{}, {}", r.label, violation.get<std::string>()));
     result.runs.push_back(std::move(run));
   }
-  result.table = experiment_table(e.name, result.runs);
+  sweep::collect(plan, out, false);  // results.jsonl, results.csv and summary.md, as `qkv sweep` writes them
+  result.table = experiment_table(plan.measurements, result.runs);
   for (const std::string& w : result.warnings) result.table += "\nWARNING: " + w + "\n";
-  result.chart = accuracy_chart(e.name, result.runs);
+  result.chart = accuracy_chart(name, result.runs);
   for (const auto& [key, what] : {std::pair<std::string, std::string>{"accuracy", "held-out accuracy"},
                                   {"score_asymmetry", "the readout head's softmax-invariant score asymmetry"}})
-    if (std::string chart = curves_chart(e.name, result.runs, key, what); !chart.empty())
+    if (std::string chart = curves_chart(name, result.runs, key, what); !chart.empty())
       result.curves.emplace_back(key, std::move(chart));
-  const std::size_t steps = configs.empty() ? 0 : configs[0].options.steps;  // every run's (experiment_run)
-  const Json file = {{"experiment", e.name}, {"quick", e.quick}, {"seed_start", e.seed_start}, {"seeds", seeds},
-                     {"steps", steps}, {"curve_steps", curve_steps(steps)}, {"runs", result.runs}};
+  const std::size_t steps = plan.runs.empty() ? 0 : plan.runs[0].train.steps;
+  const Json seeds = spec.value("seeds", Json::object());
+  const Json file = {{"experiment", name},
+                     {"quick", e.quick},
+                     {"seed_start", seeds.value("start", std::uint64_t(0))},
+                     {"seeds", seeds.value("count", std::uint64_t(1))},
+                     {"steps", steps},
+                     {"curve_steps", sweep::curve_steps(steps)},
+                     {"runs", result.runs}};
   const auto write = [&](const std::string& path, const std::string& text) {
     nn::write_atomically(path, text);
     result.files.push_back(path);
   };
   write(out + "/results.json", file.dump(1) + "\n");
   write(out + "/table.md", result.table);
-  write(out + "/" + e.name + ".svg", result.chart);
-  for (const auto& [key, chart] : result.curves) write(fmt::format("{}/{}-{}.svg", out, e.name, key), chart);
+  write(out + "/" + name + ".svg", result.chart);
+  for (const auto& [key, chart] : result.curves) write(fmt::format("{}/{}-{}.svg", out, name, key), chart);
+  for (const char* collected : {"results.jsonl", "results.csv", "summary.md"}) result.files.push_back(out + "/" + collected);
   return result;
 }
 

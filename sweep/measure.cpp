@@ -93,7 +93,7 @@ void measure_run(Json& run, const TrainOptions& o, const Extras& extras, std::ve
   run["sigma"] = last["sigma"];
   run["score_asymmetry_init"] = first["score_asymmetry"];
   run["score_asymmetry"] = last["score_asymmetry"];
-  if (extras.at_end) extras.at_end(run, *training::load_model(o.out), sequences);
+  if (extras.at_end) extras.at_end(run, *training::load_model(o.out), *task, sequences);
   for (const auto& [key, value] : last.items())  // the probe's values at the end
     if (!run.contains(key) && key != "step") run[key] = value;
   run["curve"] = std::move(curve);

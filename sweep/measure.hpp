@@ -29,13 +29,14 @@ Sequences held_out_sequences(const Task& task, std::size_t n, std::uint64_t seed
 // per decade) below `steps`, and `steps`.
 std::vector<std::size_t> curve_steps(std::size_t steps);
 
-// Measurements a run adds to the built-in ones (an experiment's): of the model at init (before
+// Measurements a run adds to the built-in ones (measurements.hpp): of the model at init (before
 // training: the same init as train's) and of the trained one, into the run's JSON object.
 struct Extras {
   std::function<void(nlohmann::ordered_json& run, nn::Transformer& init, const Task& task, const Sequences& sequences,
                      std::uint64_t seed)>
       at_init{};
-  std::function<void(nlohmann::ordered_json& run, const nn::Transformer& trained, const Sequences& sequences)> at_end{};
+  std::function<void(nlohmann::ordered_json& run, const nn::Transformer& trained, const Task& task, const Sequences& sequences)>
+      at_end{};
 };
 
 // Trains `options` (its out and seed set; a run already there is replaced when options.force) and

@@ -8,11 +8,14 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <csignal>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <ostream>
 #include <sstream>
 
@@ -24,6 +27,7 @@
 #include "qkv/nn/files.hpp"
 #include "qkv/report/charts.hpp"
 #include "qkv/sweep/measure.hpp"
+#include "qkv/sweep/measurements.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/training/memory.hpp"
 #include "qkv/training/options.hpp"
@@ -75,12 +79,21 @@ std::uint64_t fnv1a(const std::string& text) {
 // A value in full: a string as it is, anything else as JSON.
 std::string plain_text(const Json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
-std::string run_id(const std::string& task, const Json& options, const std::vector<std::string>& grid_keys, std::uint64_t seed) {
-  std::string id = task;
-  for (const std::string& key : grid_keys) id += fmt::format("-{}={}", key, plain_text(options.at(key)));
-  // Every option, in name order, so that the hash does not depend on the file's order.
+// `name` (the task, its options and the grid's values) with the seed and a hash of every option in
+// name order, so that the hash does not depend on the file's order.
+std::string run_id(const std::string& name, const std::string& task, const Json& options, std::uint64_t seed) {
   const nlohmann::json canonical = {{"task", task}, {"options", nlohmann::json(options)}, {"seed", seed}};
-  return fmt::format("{}-seed{}-{:08x}", id, seed, fnv1a(canonical.dump()) & 0xffffffffULL);
+  return fmt::format("{}-seed{}-{:08x}", name, seed, fnv1a(canonical.dump()) & 0xffffffffULL);
+}
+
+// What every run of a sweep records beyond the options it is given: a checkpoint at its end only
+// (unless the file sets checkpoint-every), ten lines of metrics, and the steps to the task's target
+// measured every 50 steps (25 in runs of 300 steps or fewer).
+void apply_sweep_rules(TrainOptions& o, const Json& given) {
+  if (!given.contains("checkpoint-every")) o.checkpoint_every = o.steps;
+  o.log_every = std::max<std::size_t>(1, o.steps / 10);
+  o.target = tasks::task_spec(o.task).target;
+  o.target_every = o.steps <= 300 ? 25 : 50;
 }
 
 // An exclusive lock on a file (flock), taken at once or not at all; released when this goes.
@@ -143,13 +156,15 @@ std::optional<Json> result_of(const std::string& out, const Run& run) {
 }
 
 const std::vector<std::string>& result_head_keys() {
-  static const std::vector<std::string> keys = {"id", "task", "seed", "options", "pass", "status", "error", "violations"};
+  static const std::vector<std::string> keys = {"id", "task", "labels", "seed", "options", "pass", "status", "error", "violations"};
   return keys;
 }
 
 namespace {
 
-Json result_head(const Run& run) { return {{"id", run.id}, {"task", run.task}, {"seed", run.seed}, {"options", run.options}}; }
+Json result_head(const Run& run) {
+  return {{"id", run.id}, {"task", run.task}, {"labels", run.labels}, {"seed", run.seed}, {"options", run.options}};
+}
 
 // Trains and measures one run, and writes its result: its numbers, or the error that stopped it.
 // `place` is the run's in the list of `total` ("[  3/240] …" in the progress). A result that
@@ -302,24 +317,43 @@ std::string csv_field(const std::string& text) {
 }
 
 std::string csv(const Sweep& sweep, const Json& results) {
-  // The options every run of the sweep has, in the order the first run lists them.
-  std::vector<std::string> option_keys;
-  for (const Run& run : sweep.runs)
+  // The options every run of the sweep has, in the order the first run lists them; the task's label
+  // where one differs from its task, and the names of named settings.
+  std::vector<std::string> option_keys, label_keys;
+  bool task_labels = false;
+  for (const Run& run : sweep.runs) {
     for (const auto& [key, value] : run.options.items())
       if (std::find(option_keys.begin(), option_keys.end(), key) == option_keys.end()) option_keys.push_back(key);
+    task_labels |= run.labels["task"] != run.task;
+  }
+  for (const std::string& key : sweep.grid_keys)  // named settings
+    if (sweep.spec["grid"][key].is_object()) label_keys.push_back(key);
   std::vector<std::string> metrics = {"status", "accuracy", "steps_to_target", "target", "steps", "seconds",
-                                      "sigma_init", "sigma", "score_asymmetry_init", "score_asymmetry", "error"};
-  if (std::count(option_keys.begin(), option_keys.end(), "steps")) std::erase(metrics, "steps");  // one column a name
-  std::vector<std::string> header = {"id", "task", "seed"};
-  header.insert(header.end(), option_keys.begin(), option_keys.end());
-  header.insert(header.end(), metrics.begin(), metrics.end());
+                                      "sigma_init", "sigma", "score_asymmetry_init", "score_asymmetry"};
+  for (const std::string& name : sweep.measurements)
+    for (const tasks::Column& c : measurement(name).columns) metrics.push_back(c.key);
+  metrics.push_back("error");
+  std::vector<std::string> header = {"id", "task"};
+  if (task_labels) header.push_back("task_label");
+  header.push_back("seed");
+  header.insert(header.end(), label_keys.begin(), label_keys.end());
+  header.insert(header.end(), option_keys.begin(), option_keys.end());  // a sweep's file has no option named as its settings
+  for (const std::string& key : metrics)
+    if (!std::count(header.begin(), header.end(), key)) header.push_back(key);
   std::string out = fmt::format("{}\n", fmt::join(header, ","));
   for (const Json& r : results) {
-    std::vector<std::string> cells = {csv_field(r["id"]), csv_field(r["task"]), r["seed"].dump()};
-    for (const std::string& key : option_keys)
-      cells.push_back(r["options"].contains(key) ? csv_field(plain_text(r["options"][key])) : "");
-    for (const std::string& key : metrics)
-      cells.push_back(!r.contains(key) || r[key].is_null() ? "" : csv_field(plain_text(r[key])));
+    const Json& labels = r.at("labels");
+    const Json& options = r.at("options");
+    std::vector<std::string> cells;
+    for (const std::string& key : header) {
+      const Json* v = key == "task_label"                                                       ? &labels.at("task")
+                      : key == "id" || key == "task" || key == "seed"                            ? &r.at(key)
+                      : std::count(label_keys.begin(), label_keys.end(), key) && labels.contains(key) ? &labels.at(key)
+                      : options.contains(key)                                                    ? &options.at(key)
+                      : r.contains(key)                                                          ? &r.at(key)
+                                                                                                 : nullptr;
+      cells.push_back(!v || v->is_null() ? "" : csv_field(plain_text(*v)));
+    }
     out += fmt::format("{}\n", fmt::join(cells, ","));
   }
   return out;
@@ -327,56 +361,147 @@ std::string csv(const Sweep& sweep, const Json& results) {
 
 }  // namespace
 
+namespace {
+
+// A grid key's values: an option's values, or named settings ({"tied": {"qk": "tied"}, …}).
+struct Axis {
+  std::string key;     // as the file writes it: the label's key
+  std::string option;  // the option a list of values sets ("" for named settings)
+  std::vector<std::pair<Json, Json>> values;  // (its label, the options it sets)
+};
+
+// A task entry: a name, or {"task": NAME, "label": TEXT, OPTION: VALUE, …}.
+struct TaskEntry {
+  std::string task, label, id;  // id: the task and its options, as the run ids begin
+  Json options = Json::object();
+};
+
+// A label as a part of a file name: characters other than letters, digits and . _ , + = - become _.
+std::string id_text(const std::string& text) {
+  std::string out = text;
+  for (char& c : out)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && !std::strchr("._,+=-", c)) c = '_';
+  return out;
+}
+
+// Options the file gives at `where` ({"qk": "tied", …}), checked and by the table's names.
+Json checked_options(const std::string& file, const std::string& where, const Json& given) {
+  if (!given.is_object()) refuse(file, fmt::format("{} must be an object of options and their values", where));
+  Json out = Json::object();
+  for (const auto& [key, value] : given.items()) {
+    const training::RunOption& option = option_of_key(file, where, key);
+    if (out.contains(option.name)) refuse(file, fmt::format("{}: '{}' is given twice", where, option.name));
+    out[option.name] = checked_value(file, fmt::format("{} '{}'", where, key), option, value);
+  }
+  return out;
+}
+
+std::vector<TaskEntry> task_entries(const std::string& file, const Json& tasks) {
+  if (!tasks.is_array() || tasks.empty()) refuse(file, "'tasks' must be a list of one or more task names");
+  std::vector<TaskEntry> entries;
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const std::string where = fmt::format("'tasks'[{}]", i);
+    TaskEntry e;
+    if (tasks[i].is_object()) {
+      Json given = tasks[i];
+      if (!given.contains("task") || !given["task"].is_string())
+        refuse(file, fmt::format("{}: an object names its task (\"task\": NAME) beside its options", where));
+      e.task = given["task"];
+      given.erase("task");
+      if (given.contains("label")) {
+        if (!given["label"].is_string() || given["label"].get<std::string>().empty() || given["label"].get<std::string>().size() > 100)
+          refuse(file, fmt::format("{} 'label' must be text of 1 to 100 bytes", where));
+        e.label = given["label"];
+        given.erase("label");
+      }
+      e.options = checked_options(file, where, given);
+    } else if (tasks[i].is_string()) {
+      e.task = tasks[i];
+    } else {
+      refuse(file, fmt::format("{} is {}, not a task name or {{\"task\": NAME, OPTION: VALUE, …}}", where, tasks[i].dump()));
+    }
+    try {
+      tasks::task_spec(e.task);
+    } catch (const std::invalid_argument& error) {
+      refuse(file, fmt::format("{}: {}", where, error.what()));
+    }
+    e.id = e.task;
+    std::string described = e.task;
+    for (const auto& [key, value] : e.options.items()) {
+      e.id += fmt::format("-{}={}", key, id_text(plain_text(value)));
+      described += fmt::format(" {}={}", key, plain_text(value));
+    }
+    if (e.label.empty()) e.label = described;
+    for (const TaskEntry& other : entries)
+      if (other.label == e.label) refuse(file, fmt::format("{}: '{}' is listed twice", where, e.label));
+    entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
+std::vector<Axis> grid_axes(const std::string& file, const Json& grid) {
+  if (!grid.is_object()) refuse(file, "'grid' must be an object of options and lists of values (or of named settings)");
+  std::vector<Axis> axes;
+  for (const auto& [key, values] : grid.items()) {
+    Axis axis{.key = key, .option = "", .values = {}};
+    const std::string where = fmt::format("'grid' '{}'", key);
+    if (values.is_object()) {  // named settings
+      if (values.empty()) refuse(file, fmt::format("{} must name one or more settings", where));
+      if (key.empty() || key.size() > 40 || key == "task" || key == "seed")
+        refuse(file, fmt::format("{}: a name of settings is 1 to 40 bytes, and not 'task' or 'seed'", where));
+      for (const auto& [name, options] : values.items()) {
+        if (name.empty() || name.size() > 40) refuse(file, fmt::format("{}: the name '{}' is not 1 to 40 bytes", where, name));
+        axis.values.emplace_back(name, checked_options(file, fmt::format("{} '{}'", where, name), options));
+      }
+    } else {
+      const training::RunOption& option = option_of_key(file, "'grid'", key);
+      axis.option = option.name;
+      if (!values.is_array() || values.empty())
+        refuse(file, fmt::format("{} must be a list of one or more values, or an object of named settings", where));
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        Json v = checked_value(file, fmt::format("{}[{}]", where, i), option, values[i]);
+        for (const auto& [label, set] : axis.values)
+          if (label == v) refuse(file, fmt::format("{}[{}]: {} is listed twice", where, i, v.dump()));
+        axis.values.emplace_back(v, Json{{option.name, v}});
+      }
+    }
+    for (const Axis& other : axes)
+      if (other.key == axis.key || (!axis.option.empty() && other.option == axis.option))
+        refuse(file, fmt::format("{}: '{}' is given twice", where, axis.option.empty() ? key : axis.option));
+    axes.push_back(std::move(axis));
+  }
+  return axes;
+}
+
+}  // namespace
+
 Sweep parse_sweep(const Json& spec, const std::string& file) {
   if (!spec.is_object()) refuse(file, fmt::format("a sweep is one JSON object, not {}", spec.type_name()));
   for (const auto& [key, value] : spec.items())
-    if (key != "tasks" && key != "grid" && key != "fixed" && key != "seeds" && key != "description")
+    if (key != "tasks" && key != "grid" && key != "fixed" && key != "seeds" && key != "measure" && key != "description")
       refuse(file, fmt::format("unknown key '{}' (a sweep has \"tasks\", \"grid\", \"fixed\", \"seeds\" and "
-                               "optionally \"description\")",
+                               "optionally \"measure\" and \"description\")",
                                key));
+  if (spec.contains("description") && !spec["description"].is_string()) refuse(file, "'description' must be text");
   if (!spec.contains("tasks")) refuse(file, "'tasks' is missing: the list of tasks to train");
-  const Json& tasks = spec["tasks"];
-  if (!tasks.is_array() || tasks.empty()) refuse(file, "'tasks' must be a list of one or more task names");
-  std::vector<std::string> task_names;
-  for (std::size_t i = 0; i < tasks.size(); ++i) {
-    if (!tasks[i].is_string()) refuse(file, fmt::format("'tasks'[{}] is {}, not a task name", i, tasks[i].dump()));
-    const std::string name = tasks[i];
-    try {
-      tasks::task_spec(name);
-    } catch (const std::invalid_argument& e) {
-      refuse(file, fmt::format("'tasks'[{}]: {}", i, e.what()));
-    }
-    if (std::count(task_names.begin(), task_names.end(), name)) refuse(file, fmt::format("'tasks'[{}]: '{}' is listed twice", i, name));
-    task_names.push_back(name);
-  }
+  const std::vector<TaskEntry> entries = task_entries(file, spec["tasks"]);
 
-  Sweep sweep{.file = file, .spec = spec, .grid_keys = {}, .runs = {}};
-  Json fixed = Json::object();
-  if (spec.contains("fixed")) {
-    if (!spec["fixed"].is_object()) refuse(file, "'fixed' must be an object of options and their values");
-    for (const auto& [key, value] : spec["fixed"].items()) {
-      const training::RunOption& option = option_of_key(file, "'fixed'", key);
-      if (fixed.contains(option.name)) refuse(file, fmt::format("'fixed': '{}' is given twice", option.name));
-      fixed[option.name] = checked_value(file, fmt::format("'fixed' '{}'", key), option, value);
-    }
-  }
-  std::vector<std::vector<Json>> lists;
-  if (spec.contains("grid")) {
-    if (!spec["grid"].is_object()) refuse(file, "'grid' must be an object of options and lists of values");
-    for (const auto& [key, values] : spec["grid"].items()) {
-      const training::RunOption& option = option_of_key(file, "'grid'", key);
-      if (fixed.contains(option.name)) refuse(file, fmt::format("'{}' is both in 'grid' and in 'fixed'", option.name));
-      if (std::count(sweep.grid_keys.begin(), sweep.grid_keys.end(), option.name))
-        refuse(file, fmt::format("'grid': '{}' is given twice", option.name));
-      if (!values.is_array() || values.empty()) refuse(file, fmt::format("'grid' '{}' must be a list of one or more values", key));
-      std::vector<Json> list;
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        Json v = checked_value(file, fmt::format("'grid' '{}'[{}]", key, i), option, values[i]);
-        if (std::count(list.begin(), list.end(), v)) refuse(file, fmt::format("'grid' '{}'[{}]: {} is listed twice", key, i, v.dump()));
-        list.push_back(std::move(v));
+  Sweep sweep{.file = file, .spec = spec, .grid_keys = {}, .measurements = {}, .runs = {}};
+  const Json fixed = spec.contains("fixed") ? checked_options(file, "'fixed'", spec["fixed"]) : Json::object();
+  const std::vector<Axis> axes = spec.contains("grid") ? grid_axes(file, spec["grid"]) : std::vector<Axis>{};
+  for (const Axis& axis : axes) sweep.grid_keys.push_back(axis.key);
+  if (spec.contains("measure")) {
+    const Json& measure = spec["measure"];
+    if (!measure.is_array()) refuse(file, "'measure' must be a list of measurements' names");
+    for (std::size_t i = 0; i < measure.size(); ++i) {
+      if (!measure[i].is_string()) refuse(file, fmt::format("'measure'[{}] is {}, not a measurement's name", i, measure[i].dump()));
+      try {
+        measurement(measure[i]);
+      } catch (const std::invalid_argument& e) {
+        refuse(file, fmt::format("'measure'[{}]: {}", i, e.what()));
       }
-      sweep.grid_keys.push_back(option.name);
-      lists.push_back(std::move(list));
+      if (std::count(sweep.measurements.begin(), sweep.measurements.end(), measure[i])) refuse(file, fmt::format("'measure'[{}]: '{}' is listed twice", i, measure[i].get<std::string>()));
+      sweep.measurements.push_back(measure[i]);
     }
   }
   std::uint64_t seed_start = 0, seed_count = 1;
@@ -394,31 +519,59 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
   }
   if (spec.dump(2).size() + 1 > max_file_bytes)
     refuse(file, fmt::format("is larger than {} bytes written out (DIR/sweep.json, which a job's tasks read)", max_file_bytes));
-  std::size_t total = task_names.size() * seed_count;
-  for (const auto& list : lists) {
-    if (total > max_runs / list.size()) refuse(file, fmt::format("names more than {} runs", max_runs));
-    total *= list.size();
+  std::size_t total = entries.size() * seed_count;
+  for (const Axis& axis : axes) {
+    if (total > max_runs / axis.values.size()) refuse(file, fmt::format("names more than {} runs", max_runs));
+    total *= axis.values.size();
   }
   if (total > max_runs) refuse(file, fmt::format("names more than {} runs", max_runs));
 
   // Task by task, the grid's product (last key fastest), seed by seed.
-  for (const std::string& task : task_names) {
-    std::vector<std::size_t> at(lists.size(), 0);
+  std::set<std::string> ids;
+  for (std::size_t t = 0; t < entries.size(); ++t) {
+    const TaskEntry& entry = entries[t];
+    std::vector<std::size_t> at(axes.size(), 0);
     while (true) {
-      Json options = fixed;
-      for (std::size_t k = 0; k < lists.size(); ++k) options[sweep.grid_keys[k]] = lists[k][at[k]];
+      // Each option from one place only: where each came from, to name both when two give it.
+      Json options = Json::object(), labels = {{"task", entry.label}};
+      std::map<std::string, std::string> from;
+      const auto add = [&](const Json& given, const std::string& where) {
+        for (const auto& [key, value] : given.items()) {
+          if (from.count(key)) refuse(file, fmt::format("{} sets '{}', which {} sets too", where, key, from[key]));
+          from[key] = where;
+          options[key] = value;
+        }
+      };
+      add(fixed, "'fixed'");
+      add(entry.options, fmt::format("'tasks'[{}]", t));
+      std::string id = entry.id;
+      for (std::size_t k = 0; k < axes.size(); ++k) {
+        const auto& [label, set] = axes[k].values[at[k]];
+        add(set, axes[k].option.empty() ? fmt::format("'grid' '{}' '{}'", axes[k].key, label.get<std::string>())
+                                        : fmt::format("'grid' '{}'", axes[k].key));
+        labels[axes[k].key] = label;
+        id += fmt::format("-{}={}", axes[k].option.empty() ? id_text(axes[k].key) : axes[k].option, id_text(plain_text(label)));
+      }
+      for (const Axis& axis : axes)
+        if (const training::RunOption* o = training::find_run_option(axis.key); axis.option.empty() && o && options.contains(o->name))
+          refuse(file, fmt::format("'grid' '{}' names settings, and {} sets the option '{}': give the settings another "
+                                   "name",
+                                   axis.key, from[o->name], o->name));
       for (std::uint64_t s = 0; s < seed_count; ++s) {
-        Run run{.id = "", .task = task, .options = options, .seed = seed_start + s, .train = {}};
-        run.id = run_id(task, options, sweep.grid_keys, run.seed);
+        Run run{.id = "", .task = entry.task, .labels = labels, .options = options, .seed = seed_start + s, .train = {}};
+        run.id = run_id(id, entry.task, options, run.seed);
         const std::string name = fmt::format("run {}", run.id);
         if (run.id.size() > 200)  // a file name: ID.json.tmp, ID.lock
           refuse(file, fmt::format("{}: the id is {} bytes, more than 200: shorten the grid's values", name, run.id.size()));
+        if (!ids.insert(run.id).second)
+          refuse(file, fmt::format("{}: two runs have this id (the same options, under names that differ only in "
+                                   "characters a file name may not hold)",
+                                   name));
         Json given = nlohmann::json(options);
         given["seed"] = run.seed;
         try {
-          run.train = training::run_options(task, given);
-          run.train.target = tasks::task_spec(task).target;
-          run.train.target_every = 50;
+          run.train = training::run_options(entry.task, given);
+          apply_sweep_rules(run.train, options);
           training::check_options(run.train);
         } catch (const training::RunOptionError& e) {
           refuse(file, fmt::format("{}: '{}' {}", name, e.option, e.what()));
@@ -428,8 +581,8 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
         }
         sweep.runs.push_back(std::move(run));
       }
-      std::size_t k = lists.size();
-      while (k > 0 && ++at[k - 1] == lists[k - 1].size()) at[--k] = 0;
+      std::size_t k = axes.size();
+      while (k > 0 && ++at[k - 1] == axes[k - 1].values.size()) at[--k] = 0;
       if (k == 0) break;
     }
   }
@@ -445,7 +598,9 @@ Sweep read_sweep(const std::string& path) {
 WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& w, std::ostream& progress) {
   check_worker(w);
   prepare_folder(sweep, w.out);
-  return run_runs(sweep.runs, w, progress);
+  WorkerOptions with = w;  // the file's measurements, then the caller's
+  with.extras = chained({extras_of(sweep.measurements), w.extras});
+  return run_runs(sweep.runs, with, progress);
 }
 
 namespace {
@@ -627,9 +782,13 @@ std::string summary_table(const Sweep& sweep, const Json& results) {
   // Configurations in the sweep's order: the task and the grid's values.
   std::vector<std::string> order;
   std::map<std::string, std::vector<const Json*>> groups;
+  std::map<std::string, const Json*> labels;  // of each run, by id: as the file names it
+  for (const Run& run : sweep.runs) labels[run.id] = &run.labels;
   const auto label = [&](const Json& r) {
-    std::vector<std::string> parts = {r["task"].get<std::string>()};
-    for (const std::string& key : sweep.grid_keys) parts.push_back(plain_text(r["options"][key]));
+    const auto it = labels.find(r.at("id").get<std::string>());
+    if (it == labels.end()) throw std::invalid_argument(fmt::format("summary: {} is not a run of {}", r.at("id").dump(), sweep.file));
+    std::vector<std::string> parts;
+    for (const auto& [key, value] : it->second->items()) parts.push_back(plain_text(value));
     return fmt::format("{}", fmt::join(parts, " | "));
   };
   for (const Json& r : results) {
@@ -683,6 +842,7 @@ Collected collect(const Sweep& sweep, const std::string& out, bool partial) {
       continue;
     }
     c.failed += (*r)["status"] != "ok";
+    (*r)["labels"] = run.labels;  // as the file names it (results written before labels were kept)
     c.results.push_back(std::move(*r));
   }
   if (!c.missing.empty() && !partial) {

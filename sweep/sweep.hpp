@@ -6,7 +6,17 @@
 //    "seeds": {"start": 3, "count": 2}}
 //
 // is 8 runs: each task × the product of the grid's lists × each seed, every run with the fixed
-// options. Options are `qkv train`'s long options without dashes (training/run_options.hpp).
+// options. Options are `qkv train`'s long options without dashes (training/run_options.hpp). A task
+// may carry options of its own ({"task": "cycle", "n": 5}, labelled "cycle n=5" unless it gives
+// "label"), and a grid key may name settings rather than list an option's values:
+//
+//   "grid": {"variant": {"untied": {}, "tied": {"qk": "tied"}, "identity": {"proj": "identity"}}}
+//
+// runs each of the three, labelled by its name. "measure" lists measurements of each run beside the
+// built-in ones (measurements.hpp), and "description" says what the sweep is for.
+//
+// Every run checkpoints at its end (unless "checkpoint-every" says otherwise), logs ten times, and
+// measures its steps to the task's target every 50 steps (25 in runs of 300 steps or fewer).
 //
 // DIR holds sweep.json (the file last run there), a run folder a run (runs/ID/, as `qkv train
 // --out` writes it), and a result a finished or failed run (results/ID.json). A worker walks the
@@ -31,11 +41,14 @@ namespace qkv::sweep {
 using tasks::TrainOptions;
 
 struct Run {
-  // Stable: the task, the grid's values, the seed, and 8 hex digits of a hash of every option and
-  // the seed ("rps-qk=tied-seed3-56deea39"), so that a run whose fixed options change is another run.
+  // Stable: the task (and its options), the grid's values or names, the seed, and 8 hex digits of a
+  // hash of every option and the seed ("rps-qk=tied-seed3-56deea39"), so that a run whose fixed
+  // options change is another run.
   std::string id;
   std::string task;
-  nlohmann::ordered_json options;  // every option the file gives it (fixed, then grid), by name
+  // What names its configuration: {"task": the task's label, then each grid key: its value or name}.
+  nlohmann::ordered_json labels;
+  nlohmann::ordered_json options;  // every option the file gives it (fixed, the task's, the grid's), by name
   std::uint64_t seed = 0;
   TrainOptions train;  // what it trains, checked (check_options); out unset
   std::string label{};  // what progress calls it ("" : its id)
@@ -44,7 +57,8 @@ struct Run {
 struct Sweep {
   std::string file;
   nlohmann::ordered_json spec;         // the file's JSON
-  std::vector<std::string> grid_keys;  // what varies beside the task and the seed, in the file's order
+  std::vector<std::string> grid_keys;  // what varies beside the task and the seed, as the file writes them
+  std::vector<std::string> measurements;  // the file's "measure" (measurements.hpp)
   // Task by task, then the grid's product (its last key varying fastest), then seed by seed.
   std::vector<Run> runs;
 };
@@ -54,7 +68,8 @@ inline constexpr std::size_t max_runs = 1'000'000;
 
 // A sweep file read and every run planned and checked, before anything runs: throws
 // std::invalid_argument naming the file and the key at fault (an unknown key or option, a value the
-// option refuses, a task qkv does not know, options that do not go together, naming the run).
+// option refuses, a task qkv does not know, an option given twice, options that do not go
+// together, naming the run).
 Sweep read_sweep(const std::string& path);
 Sweep parse_sweep(const nlohmann::ordered_json& spec, const std::string& file);
 
@@ -80,7 +95,7 @@ struct WorkerReport {
 };
 
 // Prepares DIR (refusing a folder that holds something other than a sweep, before writing to it),
-// then runs the slice's runs that have not finished (no result, or a failed one's): with jobs > 1
+// then, with the sweep's measurements beside any in `options`, runs the slice's runs that have not finished (no result, or a failed one's): with jobs > 1
 // in as many child processes, each single-threaded. Progress, a line a run, goes to `progress`. A
 // run that fails records its error as its result and the worker goes on. Ctrl-C or TERM stop the runs in progress (a stopped run
 // writes no result) and throw training::Interrupted.

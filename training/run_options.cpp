@@ -112,6 +112,7 @@ const std::vector<RunOption>& run_option_table() {
        .help = "causal or bidirectional (default: the task's), or one per layer: causal,bidirectional"},
       {.name = "lr", .kind = Kind::number, .help = "Peak learning rate, in (0, 10]"},
       count("batch", 1, max_batch, "Sequences per step"),
+      count("warmup", 0, max_steps, "Steps of linear learning-rate warmup (default 100; at most half the steps)"),
       count("checkpoint-every", 1, max_steps, "Steps between checkpoints (default 500; and at the end)"),
       count("snapshot-every", 1, max_steps,
             "Keep the heads' circuits and attention in snapshots.jsonl: at step 0, steps 10, 20, 30, 50, 100, ... "
@@ -210,6 +211,7 @@ TrainOptions run_options(const std::string& task, const nlohmann::json& given) {
   if (o.max_source_len) set("max-len", o.max_source_len);  // a seq2seq task's positions on each side
   if (has("positions")) o.model.positions = *nn::from_name(nn::all_positions, values.at("positions").get<std::string>());
   set("batch", o.batch);
+  set("warmup", o.warmup);
   set("checkpoint-every", o.checkpoint_every);
   set("snapshot-every", o.snapshot_every);
   if (has("seed")) o.seed = *count_of(values.at("seed"));
@@ -229,7 +231,7 @@ TrainOptions run_options(const std::string& task, const nlohmann::json& given) {
 
 std::string option_of_field(const std::string& field) {
   static const std::map<std::string, std::string> options = {
-      {"steps", "steps"},           {"batch", "batch"},           {"lr", "lr"},
+      {"steps", "steps"},           {"batch", "batch"},           {"warmup", "warmup"},           {"lr", "lr"},
       {"threads", "threads"},       {"checkpoint_every", "checkpoint-every"}, {"snapshot_every", "snapshot-every"},
       {"model.layers", "layers"},   {"model.d_model", "d-model"}, {"model.heads", "heads"},
       {"model.d_head", "d-head"},   {"model.kv_heads", "kv-heads"}, {"n", "n"},

@@ -1,5 +1,5 @@
-// qkv experiment NAME [--quick] [--steps N] [--seed-start S] [--seeds K] [-j N] [--out DIR] [--force]:
-// an experiment's grid of runs over seeds, on every core, its table on stdout.
+// qkv experiment NAME|FILE.json [--quick] [--steps N] [--seed-start S] [--seeds K] [-j N] [--out DIR]
+// [--force] [--print]: an experiment's sweep over seeds, on every core, its table on stdout.
 #include <iostream>
 #include <memory>
 
@@ -15,15 +15,21 @@ namespace {
 
 struct ExperimentArgs {
   experiments::ExperimentOptions options;
-  std::uint64_t seeds = 0;
+  std::uint64_t seeds = 0, seed_start = 0;
   std::uint64_t jobs = default_jobs();
+  bool seed_start_given = false, print = false;
 };
 
 // A markdown table on stdout; results.json, the chart and each run's folder under --out.
 int run_experiment(ExperimentArgs a) {
-  training::stop_on_signals();  // a run stopped by Ctrl-C keeps its steps
   a.options.seeds = std::size_t(a.seeds);
   a.options.jobs = std::size_t(a.jobs);
+  if (a.seed_start_given) a.options.seed_start = a.seed_start;
+  if (a.print) {  // the sweep it would run
+    fmt::print("{}\n", experiments::experiment_sweep(a.options).dump(2));
+    return 0;
+  }
+  training::stop_on_signals();  // a run stopped by Ctrl-C keeps its steps
   const experiments::ExperimentResult r = experiments::run_experiment(a.options, std::cerr, escapes_shown(2));
   fmt::print("{}", r.table);
   fmt::print(stderr, "qkv experiment: wrote {}\n", fmt::join(r.files, ", "));
@@ -38,14 +44,19 @@ void add_experiment(CLI::App& app, Command& run) {
   ExperimentOptions& e = a->options;
   auto* sub = app.add_subcommand("experiment", "Rerun an experiment on the teaching claims: a table over seeds");
   std::string names;
-  for (const ExperimentSpec& spec : experiment_registry()) names += fmt::format("\n    {:<10} {}", spec.name, spec.description);
-  sub->add_option("NAME", e.name, "One of:" + names)->required()->check(CLI::IsMember(experiment_names()));
+  for (const std::string& name : experiment_names())
+    names += fmt::format("\n    {:<10} {}", name, experiment_description(name));
+  sub->add_option("NAME", e.name,
+                  "One of the experiments below, or a sweep file (FILE.json: a copy of one, edited; see --print):" + names)
+      ->required();
   sub->add_flag("--quick", e.quick, fmt::format("One seed and {} steps a run: under 2 minutes", quick_steps));
-  sub->add_option("--steps", e.steps, fmt::format("Steps of every run (default {}; {} with --quick)", full_steps, quick_steps))
+  sub->add_option("--steps", e.steps, fmt::format("Steps of every run (default: the file's; {} with --quick)", quick_steps))
       ->check(whole(1, 1'000'000));
-  sub->add_option("--seed-start", e.seed_start, "The first seed (default 0)")->check(whole(0, 1'000'000'000));
-  sub->add_option("--seeds", a->seeds, fmt::format("Seeds per configuration (default {}; 1 with --quick)", full_seeds))
-      ->check(whole(1, 1000));
+  sub->add_option("--seed-start", a->seed_start, "The first seed (default: the file's)")
+      ->check(whole(0, 1'000'000'000))
+      ->each([a](const std::string&) { a->seed_start_given = true; });
+  sub->add_option("--seeds", a->seeds, "Seeds per configuration (default: the file's; 1 with --quick)")->check(whole(1, 1000));
+  sub->add_flag("--print", a->print, "Print the sweep file it would run, and run nothing");
   add_jobs_option(*sub, a->jobs);
   sub->add_option("--out", e.out, "Folder for results.json, the chart and the runs");
   sub->add_flag("--force", e.force, "Replace the results of an experiment already in --out");

@@ -464,6 +464,22 @@ SENTENCES
     expect 0 "qkv experiment: wrote e/results.json"
     grep -q '"steps": 3' e/results.json || fail "--force did not replace the results"
     ;;
+  experiment-file)  # a shipped experiment, printed, edited and run: as an experiment, then as a sweep of the same runs
+    "$qkv" experiment causal --steps 3 --seeds 1 --print >mine.json || fail "--print failed"
+    grep -q '"steps": 3' mine.json && [ ! -e runs ] || fail "--print did not print the budget's sweep, or ran it"
+    sed -i 's/"steps": 3/"steps": 4/' mine.json
+    run "$qkv" experiment mine.json --out e -j 2
+    expect 0 "qkv experiment: wrote e/results.json, e/table.md, e/mine.svg"
+    grep -q '"experiment": "mine"' e/results.json && grep -q '"steps": 4' e/results.json || fail "not the edited file's runs"
+    [ "$(wc -l < e/results.jsonl)" -eq 4 ] || fail "results.jsonl has not the 4 runs"
+    before="$(sha256sum e/results.jsonl)"
+    run "$qkv" sweep e/sweep.json --out e
+    expect 0 "4 runs in e"
+    [ "$before" = "$(sha256sum e/results.jsonl)" ] || fail "the sweep of the experiment's sweep.json trained other runs"
+    echo '{"tasks": ["rps"], "grids": {}}' >bad.json
+    run "$qkv" experiment bad.json
+    expect 1 "bad.json: unknown key 'grids'"
+    ;;
   term-dumb)  # colours and in-place lines only for a terminal that shows them
     small_run
     has_escape() { grep -q $'\033\\[' "$1"; }

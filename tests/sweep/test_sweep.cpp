@@ -98,6 +98,88 @@ TEST_CASE("a sweep file names the product of its tasks, grid and seeds, each run
   CHECK(parsed(R"({"tasks": ["brackets"]})").runs[0].seed == 0);
 }
 
+TEST_CASE("a sweep's tasks may carry options, and its grid may name settings: labels, ids and options") {
+  const Sweep s = parsed(R"j({"tasks": ["rps", {"task": "cycle", "n": 5}, {"task": "line", "n": 4, "label": "short line"}],
+                             "grid": {"variant": {"untied": {}, "tied": {"qk": "tied"}, "W fixed (frozen)": {"proj": "frozen"}},
+                                      "d_head": [2, 4]},
+                             "fixed": {"steps": 20}, "measure": ["kv_cache"]})j");
+  REQUIRE(s.runs.size() == 18);
+  CHECK(s.grid_keys == std::vector<std::string>{"variant", "d_head"});
+  CHECK(s.measurements == std::vector<std::string>{"kv_cache"});
+  const Run& cycle = s.runs[6 + 3];  // cycle, tied, d_head 4
+  CHECK(cycle.labels == Json{{"task", "cycle n=5"}, {"variant", "tied"}, {"d_head", 4}});
+  CHECK(cycle.options == Json{{"steps", 20}, {"n", 5}, {"qk", "tied"}, {"d-head", 4}});
+  CHECK(cycle.id.starts_with("cycle-n=5-variant=tied-d-head=4-seed0-"));
+  CHECK(cycle.train.n == 5);
+  CHECK(cycle.train.model.vocab_size == 5);
+  CHECK(cycle.train.model.qk == nn::QK::tied);
+  CHECK(cycle.train.model.d_head == 4);
+  const Run& line = s.runs[12 + 4];  // line, identity, d_head 2
+  CHECK(line.labels["task"] == "short line");
+  CHECK(line.labels["variant"] == "W fixed (frozen)");
+  CHECK(line.id.starts_with("line-n=4-variant=W_fixed__frozen_-d-head=2-seed0-"));  // a file name's characters only
+  CHECK(line.train.model.proj == nn::Projection::frozen);
+  CHECK(s.runs[0].labels == Json{{"task", "rps"}, {"variant", "untied"}, {"d_head", 2}});
+  CHECK(s.runs[0].options == Json{{"steps", 20}, {"d-head", 2}});
+  // What every run of a sweep records beyond its options: a checkpoint at the end, ten log lines,
+  // and the steps to the target every 25 steps (50 past 300 steps).
+  CHECK(s.runs[0].train.checkpoint_every == 20);
+  CHECK(s.runs[0].train.log_every == 2);
+  CHECK(s.runs[0].train.target_every == 25);
+  const Sweep longer = parsed(R"({"tasks": ["rps"], "fixed": {"steps": 301, "checkpoint-every": 100}})");
+  CHECK(longer.runs[0].train.target_every == 50);
+  CHECK(longer.runs[0].train.checkpoint_every == 100);
+  // The same options under a plain grid key or named settings: the same hash, another id.
+  const std::string plain = parsed(R"({"tasks": ["rps"], "grid": {"qk": ["tied"]}})").runs[0].id;
+  const std::string named = parsed(R"({"tasks": ["rps"], "grid": {"variant": {"tied": {"qk": "tied"}}}})").runs[0].id;
+  CHECK(plain.starts_with("rps-qk=tied-seed0-"));
+  CHECK(named.starts_with("rps-variant=tied-seed0-"));
+  CHECK(plain.substr(plain.size() - 8) == named.substr(named.size() - 8));
+
+  CHECK_THAT(refusal(R"({"tasks": [{"n": 3}]})"), Contains("'tasks'[0]: an object names its task"));
+  CHECK_THAT(refusal(R"({"tasks": [{"task": "cycle", "m": 3}]})"), Contains("'tasks'[0] 'm' is not an option of qkv train"));
+  CHECK_THAT(refusal(R"({"tasks": [{"task": "cycle", "n": 3}, {"task": "cycle", "n": 3}]})"),
+             Contains("'tasks'[1]: 'cycle n=3' is listed twice"));
+  CHECK_THAT(refusal(R"({"tasks": [{"task": "cycle", "n": 3}], "fixed": {"n": 4}})"),
+             Contains("'tasks'[0] sets 'n', which 'fixed' sets too"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"variant": {}}})"), Contains("'grid' 'variant' must name one or more settings"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"variant": {"a": {"qk": "square"}}}})"),
+             Contains("'grid' 'variant' 'a' 'qk': must be one of untied, tied, symmetric, got 'square'"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"variant": {"a": {"qk": "tied"}}, "qk": ["untied"]}})"),
+             Contains("'grid' 'qk' sets 'qk', which 'grid' 'variant' 'a' sets too"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"attention": {"a": {}}}, "fixed": {"attention": "causal"}})"),
+             Contains("'grid' 'attention' names settings, and 'fixed' sets the option 'attention'"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"v": {"a/b": {}, "a_b": {}}}})"), Contains("two runs have this id"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "measure": ["speed"]})"), Contains("'measure'[0]: ") && Contains("unknown measurement 'speed'"));
+}
+
+TEST_CASE("results.csv: a column per task label, named setting, option, metric and measurement, a row per run") {
+  const Sweep s = parsed(R"({"tasks": [{"task": "induction", "heads": 2}],
+                             "grid": {"attention": {"MHA": {"kv-heads": 2}, "MQA": {"kv-heads": 1}}},
+                             "fixed": {"steps": 3}, "measure": ["kv_cache"]})");
+  const std::string dir = scratch("sweep_csv");
+  std::ostringstream progress;
+  CHECK(run_workers(s, {.out = dir, .jobs = 1}, progress).ran == 2);
+  const Collected c = collect(s, dir, false);
+  REQUIRE(c.results.size() == 2);
+  std::ifstream in(dir + "/results.csv");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0] == "id,task,task_label,seed,attention,steps,heads,kv-heads,status,accuracy,steps_to_target,target,"
+                    "seconds,sigma_init,sigma,score_asymmetry_init,score_asymmetry,kv_cache_bytes_per_token,error");
+  // 2 layers × 1 kv head × (d_head 16 + d_v 16) × 4 bytes a token; the rest as the result says.
+  const Json& mqa = c.results[1];
+  CHECK(mqa["labels"] == Json{{"task", "induction heads=2"}, {"attention", "MQA"}});
+  CHECK(mqa["kv_cache_bytes_per_token"] == 2 * 1 * 32 * 4);
+  CHECK(lines[2] == fmt::format("{},induction,induction heads=2,0,MQA,3,2,1,ok,{},,{},{},{},{},,,256,", mqa["id"].get<std::string>(),
+                                mqa["accuracy"].dump(), mqa["target"].dump(), mqa["seconds"].dump(), mqa["sigma_init"].dump(),
+                                mqa["sigma"].dump()));
+  CHECK_THAT(c.summary, Contains("| task | attention | runs |"));
+  CHECK_THAT(c.summary, Contains("| induction heads=2 | MQA | 1 | 0 |"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a sweep file is refused before anything runs, naming the key and the run at fault") {
   CHECK_THAT(refusal("[1]"), Contains("s.json: a sweep is one JSON object"));
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "grids": {}})"), Contains("unknown key 'grids'"));
@@ -114,7 +196,7 @@ TEST_CASE("a sweep file is refused before anything runs, naming the key and the 
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"qk": "tied"}})"), Contains("'grid' 'qk' must be a list"));
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"qk": ["tied", "tied"]}})"), Contains("'grid' 'qk'[1]: \"tied\" is listed twice"));
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"qk": ["tied"]}, "fixed": {"qk": "untied"}})"),
-             Contains("'qk' is both in 'grid' and in 'fixed'"));
+             Contains("'grid' 'qk' sets 'qk', which 'fixed' sets too"));
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "fixed": {"d_model": 16, "d-model": 32}})"), Contains("'d-model' is given twice"));
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "seeds": {"count": 0}})"), Contains("'seeds' 'count': must be a whole number from 1"));
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "seeds": {"first": 0}})"), Contains("'seeds': unknown key 'first'"));

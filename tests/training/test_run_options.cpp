@@ -103,5 +103,6 @@ TEST_CASE("run options refuse what qkv train refuses, naming the option") {
     CHECK(find_run_option(underscored) == &o);
   }
   CHECK(option_of_field("model.d_model") == "d-model");
-  CHECK(option_of_field("warmup").empty());
+  CHECK(option_of_field("warmup") == "warmup");
+  CHECK(option_of_field("min_lr_ratio").empty());
 }

@@ -1,0 +1,141 @@
+#include "qkv/sweep/measurements.hpp"
+
+#include <cmath>
+
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/tasks/evaluate.hpp"
+#include "qkv/tasks/find_spec.hpp"
+
+namespace qkv::sweep {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// At init: the mean entropy and the mean largest weight of every attention row, over all heads and
+// layers; and ‖∂loss/∂W_q‖ over all layers, on one training batch.
+void init_attention(Json& run, nn::Transformer& m, const Task& task, const Sequences& inputs, std::uint64_t seed) {
+  double entropy = 0, top = 0;
+  std::size_t rows = 0;
+  {
+    NoGradGuard no_grad;
+    for (const auto& input : inputs) {
+      for (const auto& r : m.forward(tasks::one_row(input), true).attention) {
+        const Array<double> w = r.weights.to(DType::float64).value<double>();  // (1, H, T, T)
+        const std::size_t H = w.shape()[1], T = w.shape()[2];
+        for (std::size_t h = 0; h < H; ++h)
+          for (std::size_t i = 0; i < T; ++i) {
+            double e = 0, best = 0;
+            for (std::size_t j = 0; j < T; ++j) {
+              const double p = w(0, h, i, j);
+              if (p > 0) e -= p * std::log(p);
+              best = std::max(best, p);
+            }
+            entropy += e;
+            top += best;
+            ++rows;
+          }
+      }
+    }
+  }
+  Generator gen(seed);
+  const tasks::Batch b = task.sample(32, gen);
+  m.zero_grad();
+  m.loss(m.forward(b.tokens, false, tasks::key_padding(m, task, b.tokens)), b.targets).backward();
+  double grad = 0;
+  for (const auto& block : m.blocks) {
+    if (!block->attn.q_proj) continue;
+    const Array<double> g = block->attn.q_proj->weight.grad().to(DType::float64).value<double>();
+    for (double v : g) grad += v * v;
+  }
+  m.zero_grad();
+  run["entropy_init"] = entropy / double(rows);
+  run["max_weight_init"] = top / double(rows);
+  run["grad_norm_init"] = std::sqrt(grad);
+}
+
+// Bytes the KV caches of all layers hold per token of one sequence, measured on a real cache.
+std::size_t kv_cache_bytes_per_token(const nn::Transformer& m, const std::vector<std::int64_t>& input) {
+  NoGradGuard no_grad;
+  const nn::TransformerOutput f = m.forward(tasks::one_row(input));
+  std::size_t bytes = 0;
+  for (std::size_t l = 0; l < m.blocks.size(); ++l) {
+    nn::KVCache cache;
+    m.blocks[l]->attn.forward(f.inputs[l], {.causal = m.causal(l)}, false, &cache);
+    bytes += cache.bytes_per_sequence();
+  }
+  return bytes / input.size();
+}
+
+// A column for each longer length range of any task.
+std::vector<tasks::Column> longer_columns() {
+  std::vector<tasks::Column> columns;
+  for (const tasks::TaskSpec& spec : tasks::task_registry())
+    for (const tasks::LongerLengths& l : spec.longer)
+      if (std::none_of(columns.begin(), columns.end(), [&](const tasks::Column& c) { return c.key == "accuracy_" + l.lengths; }))
+        columns.push_back({"accuracy_" + l.lengths, "accuracy " + l.lengths, "{:.3f}"});
+  return columns;
+}
+
+}  // namespace
+
+const std::vector<Measurement>& measurement_registry() {
+  static const std::vector<Measurement> registry = {
+      {.name = "init_attention",
+       .help = "at init: the attention rows' mean entropy and largest weight, and ‖∂loss/∂W_q‖ on a training batch",
+       .columns = {{"entropy_init", "entropy at init", "{:.3f}"},
+                   {"max_weight_init", "max weight at init", "{:.3f}"},
+                   {"grad_norm_init", "‖∂L/∂W_q‖ at init", "{:.3g}"}},
+       .extras = {.at_init = init_attention, .at_end = {}}},
+      {.name = "kv_cache",
+       .help = "at the end: the bytes the KV caches of all layers hold per token of a sequence",
+       .columns = {{"kv_cache_bytes_per_token", "KV cache bytes/token", "{:.0f}"}},
+       .extras = {.at_init = {},
+                  .at_end = [](Json& run, const nn::Transformer& trained, const Task&, const Sequences& sequences) {
+                    run["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(trained, sequences.front());
+                  }}},
+      {.name = "longer_lengths",
+       .help = "at the end: accuracy on 1,024 held-out sequences of each range of lengths longer than the task trains on",
+       .columns = longer_columns(),
+       .extras = {.at_init = {},
+                  .at_end =
+                      [](Json& run, const nn::Transformer& trained, const Task& task, const Sequences&) {
+                        // 1,024 held-out sequences of each length range, from a stream of their own.
+                        const tasks::TaskSpec& spec = tasks::task_spec(task.info().name);
+                        if (spec.longer.empty())
+                          throw std::invalid_argument(fmt::format("measure 'longer_lengths': the {} task has no longer "
+                                                                  "lengths to test on",
+                                                                  spec.name));
+                        for (const tasks::LongerLengths& l : spec.longer)
+                          run["accuracy_" + l.lengths] = tasks::evaluate(trained, *l.make(), 32, 32, 0x1e9).accuracy;
+                      }}},
+  };
+  return registry;
+}
+
+const Measurement& measurement(const std::string& name) { return tasks::find_spec(measurement_registry(), name, "measurement"); }
+
+Extras chained(std::vector<Extras> parts) {
+  std::erase_if(parts, [](const Extras& e) { return !e.at_init && !e.at_end; });
+  if (parts.size() == 1) return parts[0];
+  Extras out;
+  if (parts.empty()) return out;
+  out.at_init = [parts](Json& run, nn::Transformer& init, const Task& task, const Sequences& s, std::uint64_t seed) {
+    for (const Extras& e : parts)
+      if (e.at_init) e.at_init(run, init, task, s, seed);
+  };
+  out.at_end = [parts](Json& run, const nn::Transformer& trained, const Task& task, const Sequences& s) {
+    for (const Extras& e : parts)
+      if (e.at_end) e.at_end(run, trained, task, s);
+  };
+  return out;
+}
+
+Extras extras_of(const std::vector<std::string>& names) {
+  std::vector<Extras> parts;
+  for (const std::string& name : names) parts.push_back(measurement(name).extras);
+  return chained(std::move(parts));
+}
+
+}  // namespace qkv::sweep

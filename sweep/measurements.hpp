@@ -1,0 +1,30 @@
+#pragma once
+// Measurements a sweep's runs may add to the built-in ones, by name (a sweep file's "measure"):
+//
+//   init_attention  at init: the mean entropy and largest weight of the attention rows, and
+//                   ‖∂loss/∂W_q‖ on one training batch (what 1/√d_head does)
+//   kv_cache        at the end: the bytes the KV caches hold per token of a sequence (GQA, MQA)
+//   longer_lengths  at the end: accuracy on the task's longer sequences than it trains on
+#include <string>
+#include <vector>
+
+#include "qkv/sweep/measure.hpp"
+#include "qkv/tasks/registry.hpp"
+
+namespace qkv::sweep {
+
+struct Measurement {
+  std::string name, help;
+  std::vector<tasks::Column> columns;  // what it adds to a run, as a table shows it
+  Extras extras;
+};
+
+const std::vector<Measurement>& measurement_registry();
+// Throws std::invalid_argument naming it and listing the known ones.
+const Measurement& measurement(const std::string& name);
+// The measurements' extras as one, in the order given.
+Extras extras_of(const std::vector<std::string>& names);
+// Extras that run each part's in turn.
+Extras chained(std::vector<Extras> parts);
+
+}  // namespace qkv::sweep
