@@ -1,11 +1,13 @@
 // Broadcasting arithmetic and pointwise functions, each forward beside its backward.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numbers>
 
 #include <xtensor/xmath.hpp>
 #include <xtensor/xoperation.hpp>
 
+#include "qkv/core/detail/broadcast.hpp"
 #include "qkv/core/detail/kernels.hpp"
 #include "qkv/core/detail/op.hpp"
 #include "qkv/core/ops.hpp"
@@ -78,6 +80,43 @@ Array<T> sum_of(const Array<T>& x, const Array<T>& y) {
   return out;
 }
 
+// x ∘ y, elementwise with broadcasting: a loop over runs (detail::for_each_run) when one of the
+// two has the result's shape (a bias, a scale, a mask, a gradient against a broadcast input), which
+// gives each element the same bits as xtensor's broadcasting (`generic`, otherwise) does.
+template <class T, class Op, class Generic>
+Array<T> combined(const Array<T>& x, const Array<T>& y, Op op, Generic generic) {
+  const Shape sx = to_shape(x.shape()), sy = to_shape(y.shape());
+  const std::optional<Shape> out = try_broadcast_shapes(sx, sy);
+  if (!out || (*out != sx && *out != sy)) return generic(x, y);
+  Array<T> result = Array<T>::from_shape(*out);
+  T* r = result.data();
+  const T *a = x.data(), *b = y.data();
+  if (*out == sx && y.size() == 1) {
+    for (std::size_t k = 0; k < x.size(); ++k) r[k] = op(a[k], b[0]);
+  } else if (*out == sy && x.size() == 1) {
+    for (std::size_t k = 0; k < y.size(); ++k) r[k] = op(a[0], b[k]);
+  } else if (*out == sx) {
+    detail::for_each_run(sx, sy, [&](std::size_t o, std::size_t i, std::size_t n) {
+      for (std::size_t k = 0; k < n; ++k) r[o + k] = op(a[o + k], b[i + k]);
+    });
+  } else {
+    detail::for_each_run(sy, sx, [&](std::size_t o, std::size_t i, std::size_t n) {
+      for (std::size_t k = 0; k < n; ++k) r[o + k] = op(a[i + k], b[o + k]);
+    });
+  }
+  return result;
+}
+
+template <class T>
+Array<T> product(const Array<T>& x, const Array<T>& y) {
+  return combined(x, y, std::multiplies<T>(), [](const Array<T>& u, const Array<T>& v) -> Array<T> { return u * v; });
+}
+
+template <class T>
+Array<T> quotient(const Array<T>& x, const Array<T>& y) {
+  return combined(x, y, std::divides<T>(), [](const Array<T>& u, const Array<T>& v) -> Array<T> { return u / v; });
+}
+
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
@@ -94,7 +133,10 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   check_inputs("sub", {&a, &b});
   return dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);
-    return binary<T, false>("sub", a, b, [](const auto& x, const auto& y) { return x - y; },
+    return binary<T, false>("sub", a, b,
+                            [](const Array<T>& x, const Array<T>& y) {
+                              return combined(x, y, std::minus<T>(), [](const Array<T>& u, const Array<T>& v) -> Array<T> { return u - v; });
+                            },
                             [](const Array<T>& g, const Tensor&, const Tensor&) -> const Array<T>& { return g; },
                             [](const Array<T>& g, const Tensor&, const Tensor&) { return -g; });
   });
@@ -104,9 +146,9 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   check_inputs("mul", {&a, &b});
   return dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);
-    return binary<T, true>("mul", a, b, [](const auto& x, const auto& y) { return x * y; },
-                           [](const Array<T>& g, const Tensor&, const Tensor& y) { return g * y.value<T>(); },
-                           [](const Array<T>& g, const Tensor& x, const Tensor&) { return g * x.value<T>(); });
+    return binary<T, true>("mul", a, b, [](const Array<T>& x, const Array<T>& y) { return product(x, y); },
+                           [](const Array<T>& g, const Tensor&, const Tensor& y) { return product(g, y.value<T>()); },
+                           [](const Array<T>& g, const Tensor& x, const Tensor&) { return product(g, x.value<T>()); });
   });
 }
 
@@ -115,8 +157,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);
     // forward was q = x / y, so dq/dx = 1/y and dq/dy = -x/y².
-    return binary<T, true>("div", a, b, [](const auto& x, const auto& y) { return x / y; },
-                           [](const Array<T>& g, const Tensor&, const Tensor& y) { return g / y.value<T>(); },
+    return binary<T, true>("div", a, b, [](const Array<T>& x, const Array<T>& y) { return quotient(x, y); },
+                           [](const Array<T>& g, const Tensor&, const Tensor& y) { return quotient(g, y.value<T>()); },
                            [](const Array<T>& g, const Tensor& x, const Tensor& y) {
                              return -g * x.value<T>() / (y.value<T>() * y.value<T>());
                            });

@@ -458,6 +458,58 @@ QKV_CLONES double sum_of(const double* x, std::size_t n) { return sum_contiguous
 QKV_CLONES float dot(const float* a, const float* b, std::size_t n) { return sum_contiguous(a, b, n); }
 QKV_CLONES double dot(const double* a, const double* b, std::size_t n) { return sum_contiguous(a, b, n); }
 
+namespace {
+
+// Layer norm row by row, each row's sums as sum_of and dot compute them.
+template <class T>
+QKV_INLINE void layer_norm_loop(const T* x, std::size_t N, std::size_t D, const T* w, const T* b, T eps, T* y, T* mean,
+                                T* rstd) {
+  for (std::size_t i = 0; i < N; ++i) {
+    const T* row = x + i * D;
+    T* out = y + i * D;  // x − mean first, for the variance
+    const T m = sum_contiguous<T>(row, nullptr, D) / T(D);
+    for (std::size_t d = 0; d < D; ++d) out[d] = row[d] - m;
+    mean[i] = m;
+    rstd[i] = T(1) / std::sqrt(sum_contiguous<T>(out, out, D) / T(D) + eps);
+    for (std::size_t d = 0; d < D; ++d) out[d] = out[d] * rstd[i] * (w ? w[d] : T(1)) + (b ? b[d] : T(0));
+  }
+}
+
+template <class T>
+QKV_INLINE void layer_norm_backward_loop(const T* x, const T* g, std::size_t N, std::size_t D, const T* w, const T* mean,
+                                         const T* rstd, T* dx, T* g_xhat) {
+  std::vector<T> xhat(D), ghat(D);
+  for (std::size_t i = 0; i < N; ++i) {
+    for (std::size_t d = 0; d < D; ++d) {
+      xhat[d] = (x[i * D + d] - mean[i]) * rstd[i];
+      ghat[d] = g[i * D + d] * (w ? w[d] : T(1));
+      if (g_xhat) g_xhat[i * D + d] = g[i * D + d] * xhat[d];
+    }
+    const T mean_g = sum_contiguous<T>(ghat.data(), nullptr, D) / T(D);
+    const T mean_gx = sum_contiguous<T>(ghat.data(), xhat.data(), D) / T(D);
+    for (std::size_t d = 0; d < D; ++d) dx[i * D + d] = rstd[i] * (ghat[d] - mean_g - xhat[d] * mean_gx);
+  }
+}
+
+}  // namespace
+
+QKV_CLONES void layer_norm_rows(const float* x, std::size_t N, std::size_t D, const float* w, const float* b, float eps,
+                                float* y, float* mean, float* rstd) {
+  layer_norm_loop(x, N, D, w, b, eps, y, mean, rstd);
+}
+QKV_CLONES void layer_norm_rows(const double* x, std::size_t N, std::size_t D, const double* w, const double* b,
+                                double eps, double* y, double* mean, double* rstd) {
+  layer_norm_loop(x, N, D, w, b, eps, y, mean, rstd);
+}
+QKV_CLONES void layer_norm_backward_rows(const float* x, const float* g, std::size_t N, std::size_t D, const float* w,
+                                         const float* mean, const float* rstd, float* dx, float* g_xhat) {
+  layer_norm_backward_loop(x, g, N, D, w, mean, rstd, dx, g_xhat);
+}
+QKV_CLONES void layer_norm_backward_rows(const double* x, const double* g, std::size_t N, std::size_t D, const double* w,
+                                         const double* mean, const double* rstd, double* dx, double* g_xhat) {
+  layer_norm_backward_loop(x, g, N, D, w, mean, rstd, dx, g_xhat);
+}
+
 QKV_CLONES void transpose_small(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, float* dst) {
   transpose_loop(src, rows, cols, ld, dst);
 }

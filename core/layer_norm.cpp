@@ -27,33 +27,15 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     const T* b = bias.defined() ? bias.value<T>().data() : nullptr;
     Array<T> y = Array<T>::from_shape(sx);
     std::vector<T> row_mean(N), rstd(N);
-    for (std::size_t i = 0; i < N; ++i) {
-      const T* row = xv + i * D;
-      T* out = y.data() + i * D;  // x − mean first, for the variance
-      const T m = detail::sum_of(row, D) / T(D);
-      for (std::size_t d = 0; d < D; ++d) out[d] = row[d] - m;
-      row_mean[i] = m;
-      rstd[i] = T(1) / std::sqrt(detail::dot(out, out, D) / T(D) + T(eps));
-      for (std::size_t d = 0; d < D; ++d) out[d] = out[d] * rstd[i] * (w ? w[d] : T(1)) + (b ? b[d] : T(0));
-    }
+    detail::layer_norm_rows(xv, N, D, w, b, T(eps), y.data(), row_mean.data(), rstd.data());
     return record_op<T>("layer_norm", std::move(y), {&x, &weight, &bias},
                         [x, weight, row_mean = std::move(row_mean), rstd = std::move(rstd), N, D](BackwardContext<T>& ctx) {
       // With ĝ = dy ⊙ w: dx = rstd · (ĝ − mean(ĝ) − x̂ · mean(ĝ ⊙ x̂)); dw = Σ_rows dy ⊙ x̂; db = Σ_rows dy.
-      const T* xv = x.value<T>().data();
-      const T* w = weight.defined() ? weight.value<T>().data() : nullptr;
       const T* g = ctx.grad().data();
       Array<T> dx = Array<T>::from_shape(x.shape());
       Array<T> g_xhat = Array<T>::from_shape(ctx.needs(1) ? x.shape() : Shape{0});  // dy ⊙ x̂, for dw
-      std::vector<T> xhat(D), ghat(D);
-      for (std::size_t i = 0; i < N; ++i) {
-        for (std::size_t d = 0; d < D; ++d) {
-          xhat[d] = (xv[i * D + d] - row_mean[i]) * rstd[i];
-          ghat[d] = g[i * D + d] * (w ? w[d] : T(1));
-          if (ctx.needs(1)) g_xhat.data()[i * D + d] = g[i * D + d] * xhat[d];
-        }
-        const T mean_g = detail::sum_of(ghat.data(), D) / T(D), mean_gx = detail::dot(ghat.data(), xhat.data(), D) / T(D);
-        for (std::size_t d = 0; d < D; ++d) dx.data()[i * D + d] = rstd[i] * (ghat[d] - mean_g - xhat[d] * mean_gx);
-      }
+      detail::layer_norm_backward_rows(x.value<T>().data(), g, N, D, weight.defined() ? weight.value<T>().data() : nullptr,
+                                       row_mean.data(), rstd.data(), dx.data(), ctx.needs(1) ? g_xhat.data() : nullptr);
       ctx.accumulate(0, std::move(dx));
       const auto down_rows = [&](const T* rows) {  // (N, D) summed over N
         Array<T> summed = xt::zeros<T>(Shape{D});

@@ -7,6 +7,7 @@
 
 #include <fmt/ranges.h>
 
+#include "qkv/core/detail/kernels.hpp"
 #include "qkv/core/detail/op.hpp"
 #include "qkv/core/ops.hpp"
 
@@ -66,10 +67,65 @@ Tensor reshape(const Tensor& x, const std::vector<std::int64_t>& shape) {
     Array<T> y = x.value<T>();
     y.reshape(out);
     return record_op<T>("reshape", std::move(y), {&x}, [sx](BackwardContext<T>& ctx) {
-      ctx.accumulate(0, xt::reshape_view(ctx.grad(), sx));
+      Array<T> g = ctx.grad();  // a copy, reshaped: the same elements in the same order
+      g.reshape(sx);
+      ctx.accumulate(0, std::move(g));
     });
   });
 }
+
+namespace {
+
+// Whether `perm` swaps the last two axes and keeps the others in place: a batch of transposes.
+bool swaps_last_two(const std::vector<std::size_t>& perm) {
+  const std::size_t nd = perm.size();
+  if (nd < 2 || perm[nd - 1] != nd - 2 || perm[nd - 2] != nd - 1) return false;
+  for (std::size_t d = 0; d + 2 < nd; ++d)
+    if (perm[d] != d) return false;
+  return true;
+}
+
+// x with its axes in the order `perm` (a permutation), as a new array. When the last axis stays
+// last (attention's head splits), by a copy of each row; when the last two swap (a key's
+// transpose), by a transpose of each matrix; otherwise by xtensor's transpose.
+template <class T>
+Array<T> permuted(const Array<T>& x, const std::vector<std::size_t>& perm) {
+  const std::size_t nd = perm.size();
+  const Shape sx = to_shape(x.shape());
+  if (swaps_last_two(perm)) {
+    Shape sy = sx;
+    std::swap(sy[nd - 1], sy[nd - 2]);
+    Array<T> y = Array<T>::from_shape(sy);
+    const std::size_t rows = sx[nd - 2], cols = sx[nd - 1], size = rows * cols;
+    if (size > 0)
+      for (std::size_t b = 0; b < x.size() / size; ++b) detail::transpose_small(x.data() + b * size, rows, cols, cols, y.data() + b * size);
+    return y;
+  }
+  if (nd < 2 || perm.back() != nd - 1) return xt::transpose(x, perm);
+  Shape sy(nd);
+  for (std::size_t d = 0; d < nd; ++d) sy[d] = sx[perm[d]];
+  Array<T> y = Array<T>::from_shape(sy);
+  const std::size_t row = sy[nd - 1];
+  if (y.size() == 0 || row == 0) return y;
+  std::vector<std::size_t> stride(nd, 1), source(nd - 1), index(nd - 1, 0);
+  for (std::size_t d = nd - 1; d-- > 0;) stride[d] = stride[d + 1] * sx[d + 1];
+  for (std::size_t d = 0; d + 1 < nd; ++d) source[d] = stride[perm[d]];  // x's stride of y's axis d
+  const T* from = x.data();
+  T* to = y.data();
+  std::size_t offset = 0;
+  for (std::size_t r = 0, rows = y.size() / row; r < rows; ++r) {
+    std::copy_n(from + offset, row, to + r * row);
+    for (std::size_t d = nd - 1; d-- > 0;) {  // the next row of y, and where it is in x
+      offset += source[d];
+      if (++index[d] < sy[d]) break;
+      offset -= source[d] * index[d];
+      index[d] = 0;
+    }
+  }
+  return y;
+}
+
+}  // namespace
 
 Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims) {
   check_inputs("permute", {&x});
@@ -84,9 +140,8 @@ Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims) {
   }
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    Array<T> y = xt::transpose(x.value<T>(), perm);
-    return record_op<T>("permute", std::move(y), {&x}, [inverse](BackwardContext<T>& ctx) {
-      ctx.accumulate(0, xt::transpose(ctx.grad(), inverse));
+    return record_op<T>("permute", permuted(x.value<T>(), perm), {&x}, [inverse](BackwardContext<T>& ctx) {
+      ctx.accumulate(0, permuted(ctx.grad(), inverse));
     });
   });
 }

@@ -9,6 +9,7 @@
 #include <xtensor/xreducer.hpp>
 #include <xtensor/xsort.hpp>
 
+#include "qkv/core/detail/broadcast.hpp"
 #include "qkv/core/detail/kernels.hpp"
 #include "qkv/core/detail/op.hpp"
 #include "qkv/core/ops.hpp"
@@ -127,10 +128,20 @@ Tensor masked_fill(const Tensor& x, const MaskArray& mask, double value) {
     fail("masked_fill", "mask of shape {} does not broadcast to the input's shape {}", to_string(sm), to_string(sx));
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    const T v = static_cast<T>(value);
-    Array<T> y = xt::where(mask, v, x.value<T>());
-    return record_op<T>("masked_fill", std::move(y), {&x}, [mask](BackwardContext<T>& ctx) {
-      ctx.accumulate(0, xt::where(mask, T(0), ctx.grad()));
+    // where(mask, fill, from), by runs of the mask broadcast to the input's shape.
+    const auto where = [sx, sm, mask](T fill, const Array<T>& from) {
+      Array<T> out = Array<T>::from_shape(sx);
+      const bool* m = mask.data();
+      const T* f = from.data();
+      T* o = out.data();
+      detail::for_each_run(sx, sm, [&](std::size_t at, std::size_t in, std::size_t n) {
+        for (std::size_t k = 0; k < n; ++k) o[at + k] = m[in + k] ? fill : f[at + k];
+      });
+      return out;
+    };
+    Array<T> y = where(static_cast<T>(value), x.value<T>());
+    return record_op<T>("masked_fill", std::move(y), {&x}, [where](BackwardContext<T>& ctx) {
+      ctx.accumulate(0, where(T(0), ctx.grad()));
     }, Save::nothing, /*infinite_inputs=*/!std::isfinite(value));
   });
 }

@@ -89,6 +89,18 @@ double sum_of(const double* x, std::size_t n);
 float dot(const float* a, const float* b, std::size_t n);
 double dot(const double* a, const double* b, std::size_t n);
 
+// Layer norm of N rows of D: y = (x − mean) · rstd · w + b (w, b: none when null) with rstd =
+// 1/√(var + eps), var biased, each row's mean and rstd kept; and its backward: dx of each row and,
+// when g_xhat is not null, g ⊙ x̂ (for dw). Each row's sums as sum_of and dot compute them.
+void layer_norm_rows(const float* x, std::size_t N, std::size_t D, const float* w, const float* b, float eps, float* y,
+                     float* mean, float* rstd);
+void layer_norm_rows(const double* x, std::size_t N, std::size_t D, const double* w, const double* b, double eps,
+                     double* y, double* mean, double* rstd);
+void layer_norm_backward_rows(const float* x, const float* g, std::size_t N, std::size_t D, const float* w,
+                              const float* mean, const float* rstd, float* dx, float* g_xhat);
+void layer_norm_backward_rows(const double* x, const double* g, std::size_t N, std::size_t D, const double* w,
+                              const double* mean, const double* rstd, double* dx, double* g_xhat);
+
 // dst (cols × rows, contiguous) = srcᵀ, for src rows × cols with rows of ld; for small matrices.
 void transpose_small(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, float* dst);
 void transpose_small(const double* src, std::size_t rows, std::size_t cols, std::size_t ld, double* dst);

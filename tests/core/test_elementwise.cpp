@@ -1,5 +1,7 @@
 #include "tests/helpers.hpp"
 
+#include <xtensor/xrandom.hpp>
+
 using namespace qkv;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
@@ -89,4 +91,55 @@ TEST_CASE("a shape mismatch in each binary op names the op and both shapes") {
     CHECK_THAT(invalid_argument_message([&] { op(a, b); }),
                Contains(name + ": shapes (2,3) and (2) cannot broadcast"));
   }
+}
+
+TEST_CASE("broadcasting arithmetic and masked_fill equal xtensor's broadcasting bit for bit") {
+  // Each pair: an input of the result's shape and one that broadcasts to it (a row, a column, a
+  // single value, a middle axis), either way round, and two that both broadcast.
+  const std::vector<std::pair<Shape, Shape>> pairs = {
+      {{2, 3, 4}, {4}},       {{2, 3, 4}, {3, 1}},    {{2, 3, 4}, {1}},    {{2, 3, 4}, {}},       {{2, 3, 4}, {2, 1, 4}},
+      {{2, 1, 4}, {2, 3, 4}}, {{4}, {2, 3, 4}},       {{3, 1}, {1, 4}},    {{2, 3, 4}, {2, 3, 4}}, {{5, 1, 1}, {5, 2, 3}}};
+  Generator gen(11);
+  for (const auto& [sa, sb] : pairs) {
+    INFO(to_string(sa) << " with " << to_string(sb));
+    const Tensor a = randn(sa, DType::float32, gen), b = randn(sb, DType::float32, gen) + 3.0;
+    const Array<float>& x = a.value<float>();
+    const Array<float>& y = b.value<float>();
+    const Array<float> sum_ = x + y, difference = x - y, product = x * y, quotient = x / y;
+    CHECK(bool((a + b).value<float>() == sum_));
+    CHECK(bool((a - b).value<float>() == difference));
+    CHECK(bool((a * b).value<float>() == product));
+    CHECK(bool((a / b).value<float>() == quotient));
+  }
+}
+
+TEST_CASE("masked_fill fills where a mask of any broadcasting shape is true, and passes the gradient elsewhere") {
+  // By hand: element (i, j, k) of a (2,3,4) input reads the mask at its last dimensions, 0 where
+  // the mask has size 1. (xtensor 0.24's where gets a broadcast mask wrong against an array.)
+  Generator gen(13);
+  std::size_t filled = 0, elements = 0;
+  for (const Shape& sm : std::vector<Shape>{{2, 3, 4}, {3, 4}, {2, 1, 4}, {1, 1, 4}, {3, 1}, {4}, {}}) {
+    INFO("mask " << to_string(sm));
+    Tensor x = randn({2, 3, 4}, DType::float64, gen);
+    x.requires_grad_();
+    const Array<double> r = xt::random::rand<double>(sm, 0.0, 1.0);
+    const MaskArray mask = r > 0.5;
+    const Tensor y = masked_fill(x, mask, -7.5);
+    sum(y * f64({1.0, 2.0, 3.0, 4.0})).backward();
+    const std::size_t lead = 3 - sm.size();
+    elements += 24;
+    for (std::size_t i = 0; i < 2; ++i)
+      for (std::size_t j = 0; j < 3; ++j)
+        for (std::size_t k = 0; k < 4; ++k) {
+          const std::size_t at[3] = {i, j, k};
+          std::size_t m = 0;
+          for (std::size_t d = lead; d < 3; ++d) m = m * sm[d - lead] + (sm[d - lead] == 1 ? 0 : at[d]);
+          const bool fill = mask.data()[m];
+          filled += fill;
+          CHECK(y.value<double>()(i, j, k) == (fill ? -7.5 : x.value<double>()(i, j, k)));
+          CHECK(x.grad().value<double>()(i, j, k) == (fill ? 0.0 : double(k + 1)));
+        }
+  }
+  CHECK(filled > elements / 4);  // both kinds of element, often
+  CHECK(filled < elements * 3 / 4);
 }

@@ -1,5 +1,7 @@
 #include "tests/helpers.hpp"
 
+#include <xtensor/xmanipulation.hpp>
+
 using namespace qkv;
 using namespace qkv::test;
 using Catch::Matchers::Contains;
@@ -74,4 +76,41 @@ TEST_CASE("an axis out of range names the op and the rank") {
   CHECK(invalid_argument_message([&] { slice(x, 2, 0, 1); }) == "slice: axis 2 out of range for a tensor with 2 dimensions");
   CHECK_THAT(invalid_argument_message([&] { transpose(x, 0, -3); }), Contains("transpose: axis -3 out of range"));
   CHECK_THAT(invalid_argument_message([&] { concat({x, x}, 5); }), Contains("concat: axis 5 out of range"));
+}
+
+TEST_CASE("permute equals xtensor's transpose bit for bit, forward and backward, for every kind of permutation") {
+  // Rows copied (last axis kept), matrices transposed (last two swapped), and the rest.
+  const std::vector<std::vector<std::int64_t>> perms = {{0, 2, 1, 3}, {2, 0, 1, 3}, {0, 1, 3, 2}, {1, 0, 3, 2},
+                                                        {3, 1, 2, 0}, {0, 1, 2, 3}};
+  Generator gen(7);
+  for (const DType dtype : {DType::float32, DType::float64})
+    for (const auto& perm : perms) {
+      INFO(fmt::format("{} ({})", dtype_name(dtype), fmt::join(perm, ",")));
+      Tensor x = randn({2, 3, 4, 5}, dtype, gen);
+      x.requires_grad_();
+      const Tensor y = permute(x, perm);
+      const Tensor g = randn(y.shape(), dtype, gen);
+      sum(y * g).backward();
+      std::vector<std::size_t> p(perm.begin(), perm.end()), inverse(4);
+      for (std::size_t i = 0; i < 4; ++i) inverse[p[i]] = i;
+      if (dtype == DType::float32) {
+        const Array<float> expected = xt::transpose(x.value<float>(), p);
+        CHECK(bool(y.value<float>() == expected));
+        const Array<float> back = xt::transpose(g.value<float>(), inverse);
+        CHECK(bool(x.grad().value<float>() == back));
+      } else {
+        const Array<double> expected = xt::transpose(x.value<double>(), p);
+        CHECK(bool(y.value<double>() == expected));
+        const Array<double> back = xt::transpose(g.value<double>(), inverse);
+        CHECK(bool(x.grad().value<double>() == back));
+      }
+    }
+  CHECK(permute(zeros({2, 0, 3}, DType::float32), {1, 0, 2}).shape() == Shape{0, 2, 3});
+  CHECK(permute(zeros({2, 3, 0}, DType::float32), {0, 2, 1}).shape() == Shape{2, 0, 3});
+}
+
+TEST_CASE("reshape's gradient is d output in the input's shape") {
+  Tensor x = f64({{1, 2, 3}, {4, 5, 6}}, true);
+  sum(reshape(x, {3, 2}) * f64({{1, 2}, {3, 4}, {5, 6}})).backward();
+  check_close(x.grad(), {{1, 2, 3}, {4, 5, 6}});
 }
