@@ -49,12 +49,13 @@ def runs_of(sweep):
     seeds = sweep.get("seeds", {}).get("count", 1)
     for entry in sweep["tasks"]:
         task, task_opts = (entry, {}) if isinstance(entry, str) else (entry["task"], {k: v for k, v in entry.items() if k not in ("task", "label")})
+        name = entry.get("label") if isinstance(entry, dict) else None
         combos = [[]]
         for axis in axes:
             combos = [c + [v] for c in combos for v in axis]
         for combo in combos:
             options = dict(sweep.get("fixed", {}), **task_opts)
-            label = [task + "".join(f" {k}={v}" for k, v in task_opts.items())]
+            label = [name or task + "".join(f" {k}={v}" for k, v in task_opts.items())]
             for name, opts in combo:
                 options.update(opts)
                 label.append(name)
@@ -174,7 +175,9 @@ def main():
     torch.set_num_threads(1)
     sweep = json.loads(subprocess.run([args.qkv, "experiment", args.experiment, "--print"], capture_output=True,
                                       text=True, check=True).stdout)
-    budget = sweep["fixed"]["steps"]
+    budget = sweep.get("fixed", {}).get("steps")
+    if budget is None:
+        sys.exit(f"grid.py: the {args.experiment} sweep gives no \"fixed\" \"steps\": the budget its runs are counted at")
     rows, qkv_time, torch_time, runs = [], 0.0, 0.0, 0
     with tempfile.TemporaryDirectory() as tmp:
         for label, task, options, count in runs_of(sweep):

@@ -102,14 +102,18 @@ const std::vector<Measurement>& measurement_registry() {
                   .at_end =
                       [](Json& run, const nn::Transformer& trained, const Task& task, const Sequences&) {
                         // 1,024 held-out sequences of each length range, from a stream of their own.
-                        const tasks::TaskSpec& spec = tasks::task_spec(task.info().name);
-                        if (spec.longer.empty())
-                          throw std::invalid_argument(fmt::format("measure 'longer_lengths': the {} task has no longer "
-                                                                  "lengths to test on",
-                                                                  spec.name));
-                        for (const tasks::LongerLengths& l : spec.longer)
+                        for (const tasks::LongerLengths& l : tasks::task_spec(task.info().name).longer)
                           run["accuracy_" + l.lengths] = tasks::evaluate(trained, *l.make(), 32, 32, 0x1e9).accuracy;
-                      }}},
+                      }},
+       .check = [](const tasks::TrainOptions& o) -> std::string {
+         const tasks::TaskSpec& spec = tasks::task_spec(o.task);
+         if (spec.longer.empty()) return fmt::format("the {} task has no longer lengths to test on", o.task);
+         std::size_t longest = 0;
+         for (const tasks::LongerLengths& l : spec.longer) longest = std::max(longest, l.make()->info().max_len);
+         if (o.model.max_len < longest)
+           return fmt::format("its longest sequences need 'max-len' {} (the model has {} positions)", longest, o.model.max_len);
+         return "";
+       }},
   };
   return registry;
 }

@@ -5,6 +5,7 @@
 //                   ‖∂loss/∂W_q‖ on one training batch (what 1/√d_head does)
 //   kv_cache        at the end: the bytes the KV caches hold per token of a sequence (GQA, MQA)
 //   longer_lengths  at the end: accuracy on the task's longer sequences than it trains on
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ struct Measurement {
   std::string name, help;
   std::vector<tasks::Column> columns;  // what it adds to a run, as a table shows it
   Extras extras;
+  // Why it cannot measure a run ("" when it can), asked before anything trains.
+  std::function<std::string(const tasks::TrainOptions&)> check{};
 };
 
 const std::vector<Measurement>& measurement_registry();

@@ -326,8 +326,10 @@ std::string csv(const Sweep& sweep, const Json& results) {
       if (std::find(option_keys.begin(), option_keys.end(), key) == option_keys.end()) option_keys.push_back(key);
     task_labels |= run.labels["task"] != run.task;
   }
+  const Json none = Json::object();
+  const Json& grid = sweep.spec.contains("grid") ? sweep.spec.at("grid") : none;
   for (const std::string& key : sweep.grid_keys)  // named settings
-    if (sweep.spec["grid"][key].is_object()) label_keys.push_back(key);
+    if (grid.contains(key) && grid.at(key).is_object()) label_keys.push_back(key);
   std::vector<std::string> metrics = {"status", "accuracy", "steps_to_target", "target", "steps", "seconds",
                                       "sigma_init", "sigma", "score_asymmetry_init", "score_asymmetry"};
   for (const std::string& name : sweep.measurements)
@@ -362,6 +364,18 @@ std::string csv(const Sweep& sweep, const Json& results) {
 }  // namespace
 
 namespace {
+
+// The keys of a result and the columns of results.csv, which a name of settings may not take.
+const std::vector<std::string>& reserved_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k = result_head_keys();
+    for (const char* more : {"task_label", "accuracy", "steps_to_target", "target", "steps", "seconds", "sigma_init", "sigma",
+                             "score_asymmetry_init", "score_asymmetry", "curve", "config"})
+      k.push_back(more);
+    return k;
+  }();
+  return keys;
+}
 
 // A grid key's values: an option's values, or named settings ({"tied": {"qk": "tied"}, …}).
 struct Axis {
@@ -432,8 +446,11 @@ std::vector<TaskEntry> task_entries(const std::string& file, const Json& tasks) 
       described += fmt::format(" {}={}", key, plain_text(value));
     }
     if (e.label.empty()) e.label = described;
-    for (const TaskEntry& other : entries)
-      if (other.label == e.label) refuse(file, fmt::format("{}: '{}' is listed twice", where, e.label));
+    for (std::size_t j = 0; j < entries.size(); ++j) {
+      if (entries[j].label == e.label) refuse(file, fmt::format("{}: '{}' is listed twice", where, e.label));
+      if (entries[j].id == e.id)
+        refuse(file, fmt::format("{}: trains the task and options of 'tasks'[{}] ('{}') again", where, j, entries[j].label));
+    }
     entries.push_back(std::move(e));
   }
   return entries;
@@ -447,8 +464,9 @@ std::vector<Axis> grid_axes(const std::string& file, const Json& grid) {
     const std::string where = fmt::format("'grid' '{}'", key);
     if (values.is_object()) {  // named settings
       if (values.empty()) refuse(file, fmt::format("{} must name one or more settings", where));
-      if (key.empty() || key.size() > 40 || key == "task" || key == "seed")
-        refuse(file, fmt::format("{}: a name of settings is 1 to 40 bytes, and not 'task' or 'seed'", where));
+      if (key.empty() || key.size() > 40) refuse(file, fmt::format("{}: a name of settings is 1 to 40 bytes", where));
+      if (std::count(reserved_keys().begin(), reserved_keys().end(), key))
+        refuse(file, fmt::format("{}: a result has a key of that name; give the settings another", where));
       for (const auto& [name, options] : values.items()) {
         if (name.empty() || name.size() > 40) refuse(file, fmt::format("{}: the name '{}' is not 1 to 40 bytes", where, name));
         axis.values.emplace_back(name, checked_options(file, fmt::format("{} '{}'", where, name), options));
@@ -573,6 +591,9 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
           run.train = training::run_options(entry.task, given);
           apply_sweep_rules(run.train, options);
           training::check_options(run.train);
+          for (const std::string& m : sweep.measurements)
+            if (const auto& check = measurement(m).check; check)
+              if (const std::string why = check(run.train); !why.empty()) refuse(file, fmt::format("{}: 'measure' '{}': {}", name, m, why));
         } catch (const training::RunOptionError& e) {
           refuse(file, fmt::format("{}: '{}' {}", name, e.option, e.what()));
         } catch (const training::OptionError& e) {

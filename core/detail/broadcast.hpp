@@ -3,6 +3,7 @@
 // as runs of consecutive elements of both, so that a loop (which the compiler vectorises) does
 // what xtensor's generic broadcasting assigner does element by element.
 #include <cstddef>
+#include <stdexcept>
 #include <vector>
 
 #include "qkv/core/shape.hpp"
@@ -15,6 +16,7 @@ namespace qkv::detail {
 // broadcast to `out`; a single value pairs with every element (in_offset 0, runs of one).
 template <class Run>
 void for_each_run(const Shape& out, const Shape& in, Run&& run) {
+  if (in.size() > out.size()) throw std::logic_error("for_each_run: the input has more dimensions than the output");
   const std::size_t nd = out.size(), lead = nd - in.size();
   std::size_t total = 1;
   for (const std::size_t d : out) total *= d;

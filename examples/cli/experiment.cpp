@@ -1,5 +1,6 @@
 // qkv experiment NAME|FILE.json [--quick] [--steps N] [--seed-start S] [--seeds K] [-j N] [--out DIR]
 // [--force] [--print]: an experiment's sweep over seeds, on every core, its table on stdout.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 
@@ -7,6 +8,7 @@
 
 #include "examples/cli/command.hpp"
 #include "qkv/experiments/experiment.hpp"
+#include "qkv/sweep/sweep.hpp"
 #include "qkv/training/trainer.hpp"
 
 namespace qkv::cli {
@@ -25,8 +27,14 @@ int run_experiment(ExperimentArgs a) {
   a.options.seeds = std::size_t(a.seeds);
   a.options.jobs = std::size_t(a.jobs);
   if (a.seed_start_given) a.options.seed_start = a.seed_start;
-  if (a.print) {  // the sweep it would run
-    fmt::print("{}\n", experiments::experiment_sweep(a.options).dump(2));
+  const std::vector<std::string> names = experiments::experiment_names();
+  if (!a.options.name.ends_with(".json") && std::find(names.begin(), names.end(), a.options.name) == names.end())
+    throw training::UsageError(fmt::format("experiment: unknown experiment '{}' (known: {}; or a sweep file, FILE.json)",
+                                           a.options.name, fmt::join(names, ", ")));
+  if (a.print) {  // the sweep it would run, checked as it would be
+    const nlohmann::ordered_json spec = experiments::experiment_sweep(a.options);
+    sweep::parse_sweep(spec, a.options.name);
+    fmt::print("{}\n", spec.dump(2));
     return 0;
   }
   training::stop_on_signals();  // a run stopped by Ctrl-C keeps its steps

@@ -476,6 +476,8 @@ SENTENCES
     run "$qkv" sweep e/sweep.json --out e
     expect 0 "4 runs in e"
     [ "$before" = "$(sha256sum e/results.jsonl)" ] || fail "the sweep of the experiment's sweep.json trained other runs"
+    run "$qkv" experiment symetry
+    expect 2 "unknown experiment 'symetry' (known: ablations"
     echo '{"tasks": ["rps"], "grids": {}}' >bad.json
     run "$qkv" experiment bad.json
     expect 1 "bad.json: unknown key 'grids'"

@@ -151,6 +151,16 @@ TEST_CASE("a sweep's tasks may carry options, and its grid may name settings: la
              Contains("'grid' 'attention' names settings, and 'fixed' sets the option 'attention'"));
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"v": {"a/b": {}, "a_b": {}}}})"), Contains("two runs have this id"));
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "measure": ["speed"]})"), Contains("'measure'[0]: ") && Contains("unknown measurement 'speed'"));
+  CHECK_THAT(refusal(R"({"tasks": [{"task": "rps", "label": "a"}, {"task": "rps", "label": "b"}]})"),
+             Contains("'tasks'[1]: trains the task and options of 'tasks'[0] ('a') again"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"accuracy": {"a": {}}}})"),
+             Contains("'grid' 'accuracy': a result has a key of that name"));
+  // A measurement that cannot measure a run says so before anything trains.
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "measure": ["longer_lengths"]})"),
+             Contains("'measure' 'longer_lengths': the rps task has no longer lengths to test on"));
+  CHECK_THAT(refusal(R"({"tasks": ["brackets"], "measure": ["longer_lengths"]})"),
+             Contains("'measure' 'longer_lengths': its longest sequences need 'max-len' 65 (the model has 25 positions)"));
+  CHECK(parsed(R"({"tasks": ["brackets"], "fixed": {"max-len": 65}, "measure": ["longer_lengths"]})").runs.size() == 1);
 }
 
 TEST_CASE("results.csv: a column per task label, named setting, option, metric and measurement, a row per run") {
