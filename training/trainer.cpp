@@ -257,6 +257,16 @@ void stop_on_signals() {
   }
 }
 
+nlohmann::json result_json(const TrainOptions& o, const TrainResult& r) {
+  return {{"task", o.task},
+          {"accuracy", r.eval.accuracy},
+          {"exact_match", r.eval.exact_match},
+          {"steps", r.steps},
+          {"seconds", r.seconds},
+          {"loss", r.loss ? nlohmann::json(*r.loss) : nlohmann::json()},
+          {"out", o.out.empty() ? "runs/" + o.task : o.out}};
+}
+
 TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe) {
   if (const int signal = stop_signal.exchange(0)) throw Interrupted(signal, "interrupted before the run started");
   TrainOptions o = options;

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/task.hpp"
 #include "qkv/tasks/train_options.hpp"
@@ -38,6 +40,10 @@ struct TrainResult {
   std::optional<double> loss;  // mean of the last logging window; none when no step ran
   std::optional<std::size_t> steps_to_target;  // with TrainOptions::target_every
 };
+
+// What `qkv train` prints when a run ends: task, accuracy, exact_match, steps, seconds, loss (null
+// when no step ran) and out (the run's folder).
+nlohmann::json result_json(const TrainOptions& options, const TrainResult& result);
 
 
 // Sees the model before the first step when the run starts from step 0, and after every step, with

@@ -69,11 +69,7 @@ int run_train(const TrainArgs& a, const CLI::App& sub) {
     const std::string option = training::option_of_field(e.field);
     usage(option.empty() ? e.field : "--" + option, "{}", e.what());
   }
-  const nlohmann::json line = {{"task", o.task}, {"accuracy", r.eval.accuracy}, {"exact_match", r.eval.exact_match},
-                               {"steps", r.steps}, {"seconds", r.seconds},
-                               {"loss", r.loss ? nlohmann::json(*r.loss) : nlohmann::json()},
-                               {"out", o.out.empty() ? "runs/" + o.task : o.out}};
-  fmt::print("{}\n", line.dump());
+  fmt::print("{}\n", training::result_json(o, r).dump());
   return 0;
 }
 

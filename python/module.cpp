@@ -1,0 +1,277 @@
+// qkv._qkv, the compiled half of `import qkv` (python/qkv/__init__.py): the library's calls on
+// numpy arrays. Arrays qkv returns share the tensors' memory (read-only: a tensor's values do not
+// change under it), and an array qkv returned comes back in as the same tensor, without a copy.
+// Errors arrive as Python exceptions with the library's message: ValueError for bad arguments and
+// options, OSError for run folders and files.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <malloc.h>
+
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <streambuf>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/runtime.hpp"
+#include "qkv/core/tensor.hpp"
+#include "qkv/nn/detail/transformer_json.hpp"
+#include "qkv/nn/transformer.hpp"
+#include "qkv/tasks/registry.hpp"
+#include "qkv/training/options.hpp"
+#include "qkv/training/run_folder.hpp"
+#include "qkv/training/run_options.hpp"
+#include "qkv/training/trainer.hpp"
+#include "qkv/version.hpp"
+
+namespace py = pybind11;
+
+namespace qkv::python {
+
+namespace {
+
+constexpr const char* tensor_capsule = "qkv.Tensor";
+
+// The tensor a numpy array of ours shares, if `array` is one (its base is our capsule, and it
+// views the whole tensor).
+const Tensor* shared_tensor(const py::array& array) {
+  PyObject* base = py::detail::array_proxy(array.ptr())->base;
+  if (base == nullptr || !PyCapsule_IsValid(base, tensor_capsule)) return nullptr;
+  const auto* t = static_cast<const Tensor*>(PyCapsule_GetPointer(base, tensor_capsule));
+  const void* data = t->dtype() == DType::float32 ? static_cast<const void*>(t->value<float>().data())
+                                                   : static_cast<const void*>(t->value<double>().data());
+  if (array.data() != data || std::size_t(array.ndim()) != t->dim()) return nullptr;
+  for (std::size_t d = 0; d < t->dim(); ++d)
+    if (std::size_t(array.shape(py::ssize_t(d))) != t->shape()[d]) return nullptr;
+  return t;
+}
+
+template <class T>
+py::array shared_array(const Tensor& t) {
+  auto* held = new Tensor(t);  // the capsule's: it keeps the tensor's storage alive
+  py::capsule owner = py::reinterpret_steal<py::capsule>(PyCapsule_New(held, tensor_capsule, [](PyObject* capsule) {
+    delete static_cast<Tensor*>(PyCapsule_GetPointer(capsule, tensor_capsule));
+  }));
+  const Array<T>& a = held->value<T>();
+  std::vector<py::ssize_t> shape(a.shape().begin(), a.shape().end()), strides(shape.size());
+  py::ssize_t stride = sizeof(T);
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= std::max<py::ssize_t>(shape[d], 1);
+  }
+  py::array out(py::dtype::of<T>(), shape, strides, a.data(), owner);
+  py::detail::array_proxy(out.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return out;
+}
+
+}  // namespace
+
+// A tensor's values as a numpy array that shares them.
+py::array to_numpy(const Tensor& t) {
+  return t.dtype() == DType::float32 ? shared_array<float>(t) : shared_array<double>(t);
+}
+
+// A float32 or float64 numpy array as a tensor: the tensor itself when the array is one qkv
+// returned, else a copy (qkv's tensors own their memory). Other dtypes are a ValueError.
+Tensor to_tensor(const py::array& array, const char* what) {
+  if (const Tensor* t = shared_tensor(array)) return *t;
+  const auto copy = [&](auto zero) {
+    using T = decltype(zero);
+    const auto values = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(array);
+    Array<T> a = Array<T>::from_shape(Shape(values.shape(), values.shape() + values.ndim()));
+    std::copy_n(values.data(), values.size(), a.data());
+    return Tensor(std::move(a));
+  };
+  const py::dtype dtype = array.dtype();
+  if (dtype.is(py::dtype::of<float>())) return copy(float{});
+  if (dtype.is(py::dtype::of<double>())) return copy(double{});
+  throw std::invalid_argument(fmt::format("{}: an array of float32 or float64, not {}", what, py::str(py::object(dtype)).cast<std::string>()));
+}
+
+// Token ids, (T) or (B, T), as the model's (B, T) input; a ValueError for other shapes or dtypes.
+IndexArray to_tokens(const py::handle& given) {
+  const py::array array = py::array::ensure(given);
+  if (!array || (array.dtype().kind() != 'i' && array.dtype().kind() != 'u'))
+    throw std::invalid_argument("tokens: an array (or list) of integer token ids, (T) or (B, T)");
+  const auto ids = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(array);
+  if (ids.ndim() != 1 && ids.ndim() != 2)
+    throw std::invalid_argument(fmt::format("tokens: shape of {} dimensions; (T) or (B, T)", ids.ndim()));
+  const std::size_t B = ids.ndim() == 2 ? std::size_t(ids.shape(0)) : 1, T = std::size_t(ids.shape(ids.ndim() - 1));
+  IndexArray out = IndexArray::from_shape({B, T});
+  std::copy_n(ids.data(), ids.size(), out.data());
+  return out;
+}
+
+// Python's sys.stderr as a C++ stream: a line at a time, under the GIL.
+class PythonStderr : public std::streambuf {
+ protected:
+  int overflow(int c) override {
+    if (c != EOF) {
+      line_ += char(c);
+      if (c == '\n' || c == '\r') sync();
+    }
+    return c;
+  }
+  int sync() override {
+    if (line_.empty()) return 0;
+    const py::gil_scoped_acquire gil;
+    py::module_::import("sys").attr("stderr").attr("write")(line_);
+    py::module_::import("sys").attr("stderr").attr("flush")();
+    line_.clear();
+    return 0;
+  }
+
+ private:
+  std::string line_;
+};
+
+// Python values (str, int, float, bool) as JSON, for the option table.
+nlohmann::json json_of(const py::handle& v, const std::string& name) {
+  if (py::isinstance<py::bool_>(v)) return v.cast<bool>();
+  if (py::isinstance<py::int_>(v)) return v.cast<std::int64_t>();
+  if (py::isinstance<py::float_>(v)) return v.cast<double>();
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  throw std::invalid_argument(fmt::format("{}: a number, text or True/False, not {}", name, std::string(py::str(v.get_type()))));
+}
+
+// qkv.train(task, out=None, force=False, threads=1, **options): `qkv train TASK` with options named
+// as its long options (underscores for dashes); its final JSON object as a dict.
+py::dict train(const std::string& task, const py::object& out, bool force, std::size_t threads, const py::kwargs& options) {
+  nlohmann::json given = nlohmann::json::object();
+  for (const auto& [key, value] : options) given[key.cast<std::string>()] = json_of(value, key.cast<std::string>());
+  tasks::task_spec(task);  // an unknown task, named as such
+  tasks::TrainOptions o;
+  try {
+    o = training::run_options(task, given);
+  } catch (const training::RunOptionError& e) {
+    throw std::invalid_argument(fmt::format("train: '{}' {}", e.option, e.what()));
+  }
+  o.out = out.is_none() ? "runs/" + task : out.cast<std::string>();
+  o.force = force;
+  const std::size_t before = get_num_threads();
+  set_num_threads(threads);
+  PythonStderr buffer;
+  std::ostream progress(&buffer);
+  training::TrainResult r;
+  try {
+    const py::gil_scoped_release free;
+    r = training::train(o, progress, false);
+  } catch (const training::OptionError& e) {
+    set_num_threads(before);
+    const std::string option = training::option_of_field(e.field);
+    throw std::invalid_argument(fmt::format("train: '{}' {}", option.empty() ? e.field : option, e.what()));
+  } catch (...) {
+    set_num_threads(before);
+    throw;
+  }
+  set_num_threads(before);
+  progress.flush();
+  return py::module_::import("json").attr("loads")(training::result_json(o, r).dump());
+}
+
+// names_filter as run_with_cache takes it: None (every point), a name, a list of names, or a
+// predicate on the name.
+nn::HookFilter filter_of(const py::object& names) {
+  if (names.is_none()) return {};
+  if (py::isinstance<py::str>(names)) return std::vector<std::string>{names.cast<std::string>()};
+  if (PyCallable_Check(names.ptr()))
+    return nn::HookFilter([names](const std::string& name) { return names(name).cast<bool>(); });
+  return names.cast<std::vector<std::string>>();
+}
+
+struct Hook {
+  std::string name;
+};
+
+}  // namespace qkv::python
+
+PYBIND11_MODULE(_qkv, m) {
+  using namespace qkv;
+  using namespace qkv::python;
+  m.doc() = "qkv: train small attention models and look inside them";
+  // A training step frees and allocates its activations again each step. In a Python process
+  // glibc gives the heap's freed top back to the system at once and faults it in again the next
+  // step (4.6x slower steps than the qkv program's on brackets); 64 MB of padding at the top of
+  // the heap keeps it, as the program's heap does.
+  mallopt(M_TOP_PAD, 64 << 20);
+  m.attr("__version__") = QKV_VERSION;
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const training::UsageError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const training::Interrupted& e) {
+      PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
+    } catch (const std::runtime_error& e) {  // qkv's file and run-folder errors, each naming its file
+      PyErr_SetString(PyExc_OSError, e.what());
+    }
+  });
+
+  py::class_<Hook>(m, "Hook", "A hook point, as a hook function sees it").def_readonly("name", &Hook::name);
+
+  py::class_<nn::Transformer, std::shared_ptr<nn::Transformer>>(m, "Transformer", "A decoder-only model")
+      .def(
+          "__call__",
+          [](const nn::Transformer& model, const py::handle& tokens) {
+            const NoGradGuard no_grad;
+            return to_numpy(model.forward(to_tokens(tokens)).logits);
+          },
+          py::arg("tokens"), "Logits (B, T, classes), or for the pointer readout head 0's scores (B, T, T)")
+      .def(
+          "run_with_cache",
+          [](nn::Transformer& model, const py::handle& tokens, const py::object& names_filter) {
+            const NoGradGuard no_grad;
+            const nn::ActivationCache cache = model.run_with_cache(to_tokens(tokens), filter_of(names_filter));
+            py::dict activations;
+            for (const auto& [name, value] : cache.activations) activations[py::str(name)] = to_numpy(value);
+            return py::make_tuple(to_numpy(cache.output.logits), activations);
+          },
+          py::arg("tokens"), py::arg("names_filter") = py::none(),
+          "(logits, cache): the activation at every hook point names_filter keeps (None: all; a name, a list of "
+          "names, or a predicate), by its TransformerLens name")
+      .def(
+          "run_with_hooks",
+          [](nn::Transformer& model, const py::handle& tokens, const std::vector<std::pair<std::string, py::function>>& fwd_hooks) {
+            nn::NamedHooks hooks;
+            for (const auto& [name, fn] : fwd_hooks)
+              hooks.emplace_back(name, [fn](const Tensor& value, const std::string& point) {
+                const py::object replaced = fn(to_numpy(value), Hook{point});
+                return replaced.is_none() ? value : to_tensor(py::array::ensure(replaced), point.c_str());
+              });
+            const NoGradGuard no_grad;
+            return to_numpy(model.run_with_hooks(to_tokens(tokens), hooks).logits);
+          },
+          py::arg("tokens"), py::arg("fwd_hooks"),
+          "Logits with hooks: each (name, fn) calls fn(activation, hook) at the point, which returns None (go on with "
+          "it) or an array of the same shape to go on with instead")
+      .def("hook_names", &nn::Transformer::hook_names, "Every hook point's name")
+      .def(
+          "state_dict",
+          [](const nn::Transformer& model) {
+            py::dict out;
+            for (const auto& [name, p] : model.named_parameters()) out[py::str(name)] = to_numpy(p);
+            return out;
+          },
+          "Every parameter by name, as arrays that share the model's memory")
+      .def_property_readonly(
+          "cfg", [](const nn::Transformer& model) {
+            return py::module_::import("json").attr("loads")(nn::detail::transformer_config_json(model.config()).dump());
+          },
+          "The model's config, as config.json's \"model\" holds it");
+
+  m.def("load_run", [](const std::string& dir) { return std::shared_ptr<nn::Transformer>(training::load_model(dir)); },
+        py::arg("dir"), "The model of a run folder (decoder-only), at its committed checkpoint");
+  m.def("train", &train, py::arg("task"), py::arg("out") = py::none(), py::arg("force") = false, py::arg("threads") = 1,
+        "qkv train TASK with options as its long options (underscores for dashes); the final JSON object as a dict");
+  m.def("tasks", [] { return tasks::task_names(); }, "The names of the built-in tasks");
+}

@@ -1,0 +1,15 @@
+"""qkv from Python: train small attention models and look inside them, at the C++ library's speed.
+
+    import qkv
+    qkv.train("rps", out="runs/rps", steps=300)     # as `qkv train rps --out runs/rps --steps 300`
+    model = qkv.load_run("runs/rps")
+    logits, cache = model.run_with_cache([[0, 1, 2, 3]])
+    cache["blocks.0.attn.hook_pattern"]               # a numpy array, sharing qkv's memory
+
+Arrays qkv returns share the tensors' memory and are read-only; an array qkv returned goes back
+in (a hook's replacement) as the same tensor, without a copy. Errors are ValueError for bad
+arguments and options, OSError for run folders and files, each with the library's message.
+"""
+from ._qkv import Hook, Transformer, __version__, load_run, tasks, train
+
+__all__ = ["Hook", "Transformer", "__version__", "load_run", "tasks", "train"]

@@ -1,0 +1,130 @@
+"""The Python package against the library and the qkv program: the same runs, numbers and errors."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import qkv
+
+QKV = os.environ.get("QKV_PROGRAM", "qkv")
+
+
+@pytest.fixture(scope="module")
+def rps_run(tmp_path_factory):
+    """A run of rps (token readout: the payload), as qkv.train makes it."""
+    out = tmp_path_factory.mktemp("runs") / "rps"
+    result = qkv.train("rps", out=str(out), steps=60, seed=3)
+    return out, result
+
+
+@pytest.fixture(scope="module")
+def line_run(tmp_path_factory):
+    """A run of line (pointer readout: head 0's scores point at v + 1)."""
+    out = tmp_path_factory.mktemp("runs") / "line"
+    qkv.train("line", out=str(out), steps=30)
+    return out
+
+
+def test_train_returns_the_programs_final_object_with_the_same_numbers(rps_run, tmp_path):
+    out, result = rps_run
+    assert set(result) == {"task", "accuracy", "exact_match", "steps", "seconds", "loss", "out"}
+    assert result["task"] == "rps" and result["steps"] == 60 and result["out"] == str(out)
+    done = subprocess.run([QKV, "train", "rps", "--out", str(tmp_path / "cli"), "--steps", "60", "--seed", "3"],
+                          capture_output=True, text=True, check=True)
+    program = json.loads(done.stdout.strip().splitlines()[-1])
+    # The same run from Python and from the program: the same numbers, to the bit.
+    assert result["accuracy"] == program["accuracy"]
+    assert result["loss"] == program["loss"]
+    assert 0 < result["accuracy"] <= 1
+
+
+def test_options_are_the_programs_and_bad_ones_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match="'steps' must be a whole number from 1"):
+        qkv.train("rps", out=str(tmp_path / "a"), steps=0)
+    with pytest.raises(ValueError, match="'width' is not an option of qkv train"):
+        qkv.train("rps", out=str(tmp_path / "b"), width=3)
+    with pytest.raises(ValueError, match="unknown task 'chess'"):
+        qkv.train("chess", out=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match="'heads'"):
+        qkv.train("rps", out=str(tmp_path / "d"), heads=3, d_model=32)
+    assert "rps" in qkv.tasks() and "induction" in qkv.tasks()
+
+
+def test_a_run_folder_loads_and_its_logits_are_the_caches(rps_run, line_run):
+    model = qkv.load_run(str(rps_run[0]))
+    assert model.cfg["readout"] == "token"
+    tokens = np.array([[0, 3, 1, 5, 2, 7, 0, 4, 1, 6, 2, 8]], dtype=np.int64)
+    logits = model(tokens)
+    assert logits.shape == (1, 12, model.cfg["n_classes"]) and logits.dtype == np.float32
+    # A list, and one sequence without its batch axis, are the same input.
+    assert np.array_equal(model(tokens[0]), logits)
+    assert np.array_equal(model(tokens.tolist()), logits)
+    cached, cache = model.run_with_cache(tokens)
+    assert np.allclose(cached, logits, atol=1e-5)  # attention op by op: the last bits may differ
+    assert "blocks.0.attn.hook_pattern" in cache and "hook_embed" in cache
+    assert np.allclose(cache["blocks.0.attn.hook_pattern"].sum(-1), 1, atol=1e-5)
+    assert list(model.run_with_cache(tokens, names_filter="hook_embed")[1]) == ["hook_embed"]
+    kept = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_z"))[1]
+    assert list(kept) == ["blocks.0.attn.hook_z"]
+    assert set(model.hook_names()) >= set(cache)
+    # The pointer readout reads head 0's scores of the last layer: the cache's, to the last bits.
+    pointer = qkv.load_run(str(line_run))
+    assert pointer.cfg["readout"] == "pointer"
+    values = np.array([[3, 0, 7, 1, 5, 2, 6, 4]], dtype=np.int64)
+    scores = pointer(values)
+    assert scores.shape == (1, 8, 8)
+    assert np.allclose(pointer.run_with_cache(values)[1]["blocks.0.attn.hook_attn_scores"][:, 0], scores, atol=1e-5)
+
+
+def test_arrays_share_qkvs_memory_and_come_back_without_a_copy(rps_run):
+    out, _ = rps_run
+    model = qkv.load_run(str(out))
+    first, second = model.state_dict(), model.state_dict()
+    for name, value in first.items():
+        # The same storage each time: the model's own, not a copy.
+        assert value.__array_interface__["data"][0] == second[name].__array_interface__["data"][0]
+        assert not value.flags.writeable
+    tokens = np.arange(12, dtype=np.int64).reshape(1, 12) % 9
+    seen = {}
+
+    def keep(activation, hook):
+        seen[hook.name] = activation
+        return activation  # the array qkv gave: the same tensor goes on
+
+    def same(activation, hook):
+        # The replacement from the first hook arrives as that tensor, at the same address.
+        assert activation.__array_interface__["data"][0] == seen[hook.name].__array_interface__["data"][0]
+
+    model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", keep), ("blocks.0.attn.hook_z", same)])
+    assert seen["blocks.0.attn.hook_z"].dtype == np.float32
+
+
+def test_a_hook_that_replaces_an_activation_changes_the_logits_as_the_library_does(line_run):
+    model = qkv.load_run(str(line_run))
+    tokens = np.array([[3, 0, 7, 1, 5, 2, 6, 4]], dtype=np.int64)
+    plain = model(tokens)
+    assert np.any(plain != 0)
+    # Queries zeroed: every score q·k is 0, and the pointer readout reads the scores.
+    zeroed = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_q", lambda q, hook: np.zeros_like(q))])
+    assert np.all(zeroed == 0)
+    # A hook that returns None leaves the activation as it was.
+    unchanged = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_q", lambda q, hook: None)])
+    assert np.array_equal(unchanged, model.run_with_hooks(tokens, fwd_hooks=[]))
+    with pytest.raises(ValueError, match="blocks.0.attn.hook_q"):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_q", lambda q, hook: np.zeros((2, 2), np.float32))])
+    with pytest.raises(ValueError, match="int64"):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_q", lambda q, hook: np.zeros(q.shape, np.int64))])
+
+
+def test_errors_name_the_file_or_the_argument(tmp_path, rps_run):
+    with pytest.raises(OSError, match=str(tmp_path / "nothing")):
+        qkv.load_run(str(tmp_path / "nothing"))
+    model = qkv.load_run(str(rps_run[0]))
+    with pytest.raises(ValueError, match="index 99 .* out of range for a table of 24 rows"):
+        model(np.array([[99]], dtype=np.int64))
+    with pytest.raises(ValueError, match="tokens"):
+        model(np.zeros((1, 2), dtype=np.float32))
+    with pytest.raises(ValueError, match="hook_nothing"):
+        model.run_with_cache(np.array([[0, 1]]), names_filter=["hook_nothing"])
