@@ -50,6 +50,8 @@ const Tensor* shared_tensor(const py::array& array) {
   if (array.data() != data || std::size_t(array.ndim()) != t->dim()) return nullptr;
   for (std::size_t d = 0; d < t->dim(); ++d)
     if (std::size_t(array.shape(py::ssize_t(d))) != t->shape()[d]) return nullptr;
+  // Row-major, as the tensor is (a transposed view starts at the same address, with other strides).
+  if (!(array.flags() & py::array::c_style)) return nullptr;
   return t;
 }
 

@@ -99,6 +99,13 @@ def test_arrays_share_qkvs_memory_and_come_back_without_a_copy(rps_run):
 
     model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", keep), ("blocks.0.attn.hook_z", same)])
     assert seen["blocks.0.attn.hook_z"].dtype == np.float32
+    # A view of qkv's array at the same address and shape but in another order (the pattern
+    # transposed) is that view's values, as a copy would be, not the array it views.
+    swapped = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda p, hook: np.swapaxes(p, -1, -2))])
+    copied = model.run_with_hooks(
+        tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda p, hook: np.ascontiguousarray(np.swapaxes(p, -1, -2)))])
+    assert np.array_equal(swapped, copied)
+    assert not np.array_equal(swapped, model.run_with_hooks(tokens, fwd_hooks=[]))
 
 
 def test_a_hook_that_replaces_an_activation_changes_the_logits_as_the_library_does(line_run):
