@@ -22,7 +22,9 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/core/tensor.hpp"
+#include "qkv/core/random.hpp"
 #include "qkv/nn/detail/transformer_json.hpp"
+#include "qkv/nn/generate.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/training/options.hpp"
@@ -192,6 +194,41 @@ struct Hook {
   std::string name;
 };
 
+// One of the per-head matrices of every layer, stacked as TransformerLens stacks them: (layers,
+// heads, rows, cols), from `matrix(attention, head)` (a copy: the model keeps them otherwise).
+template <class Matrix>
+py::array stacked(const nn::Transformer& model, Matrix matrix) {
+  const std::size_t L = model.blocks.size(), H = model.config().heads;
+  std::vector<Tensor> parts;
+  for (std::size_t l = 0; l < L; ++l)
+    for (std::size_t h = 0; h < H; ++h) parts.push_back(matrix(model.blocks[l]->attn, h).to(DType::float64));
+  const Shape one = parts.front().shape();
+  Array<double> out = Array<double>::from_shape({L, H, one[0], one[1]});
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    std::copy_n(parts[i].value<double>().data(), one[0] * one[1], out.data() + i * one[0] * one[1]);
+  return to_numpy(Tensor(std::move(out)).to(model.tok.weight.dtype()));
+}
+
+// Token ids (B, T) as a numpy int64 array of their own.
+py::array_t<std::int64_t> ids_array(const IndexArray& ids) {
+  py::array_t<std::int64_t> out(std::vector<py::ssize_t>(ids.shape().begin(), ids.shape().end()));
+  std::copy_n(ids.data(), ids.size(), out.mutable_data());
+  return out;
+}
+
+// A config as a dict (config.json's "model") read as the library reads the file's; ValueError
+// naming the field.
+nn::TransformerConfig config_of(const py::dict& config) {
+  nlohmann::json j = nn::detail::transformer_config_json(nn::TransformerConfig{});  // what is not given: the defaults
+  const nlohmann::json given = nlohmann::json::parse(py::module_::import("json").attr("dumps")(config).cast<std::string>());
+  for (const auto& [key, value] : given.items()) j[key] = value;
+  try {
+    return nn::detail::read_transformer_config(j, "config", "");
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(e.what());
+  }
+}
+
 }  // namespace qkv::python
 
 PYBIND11_MODULE(_qkv, m) {
@@ -257,14 +294,52 @@ PYBIND11_MODULE(_qkv, m) {
           "Logits with hooks: each (name, fn) calls fn(activation, hook) at the point, which returns None (go on with "
           "it) or an array of the same shape to go on with instead")
       .def("hook_names", &nn::Transformer::hook_names, "Every hook point's name")
+      .def(py::init([](const py::dict& config, std::uint64_t seed) {
+             Generator gen(seed);
+             return std::make_shared<nn::Transformer>(config_of(config), gen);
+           }),
+           py::arg("config"), py::arg("seed") = 0,
+           "A new model from a config (as config.json's \"model\" holds it; unset fields at their defaults), its "
+           "parameters drawn from `seed` as qkv train draws them")
       .def(
           "state_dict",
           [](const nn::Transformer& model) {
             py::dict out;
-            for (const auto& [name, p] : model.named_parameters()) out[py::str(name)] = to_numpy(p);
+            for (const auto& [name, p] : model.state_dict()) out[py::str(name)] = to_numpy(p);
             return out;
           },
-          "Every parameter by name, as arrays that share the model's memory")
+          "Every parameter by name, trainable or frozen, as arrays that share the model's memory")
+      .def(
+          "load_state_dict",
+          [](nn::Transformer& model, const py::dict& state) {
+            StateDict values;
+            for (const auto& [name, value] : state)
+              values.emplace_back(name.cast<std::string>(), to_tensor(py::array::ensure(value), "load_state_dict"));
+            model.load_state_dict(values);
+          },
+          py::arg("state"), "Copies the arrays into the parameters of the same names (ValueError listing any missing, "
+          "unexpected or mis-shaped name; then nothing has changed)")
+      .def(
+          "generate",
+          [](const nn::Transformer& model, const py::handle& tokens, std::size_t count, double temperature, std::size_t top_k,
+             std::uint64_t seed, bool use_cache) {
+            Generator gen(seed);
+            const IndexArray prompt = to_tokens(tokens);
+            const NoGradGuard no_grad;
+            return ids_array(nn::generate(model, prompt, count, {.temperature = temperature, .top_k = top_k}, gen, use_cache));
+          },
+          py::arg("tokens"), py::arg("count"), py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("seed") = 0,
+          py::arg("use_cache") = true,
+          "The prompt (B, T0) and `count` tokens after it: greedy, or drawn at `temperature` among the `top_k` most "
+          "likely, from `seed`")
+      .def_property_readonly("W_Q", [](const nn::Transformer& m) { return stacked(m, [](const nn::MultiHeadAttention& a, std::size_t h) { return a.W_q(h); }); },
+                             "(layers, heads, d_model, d_head)")
+      .def_property_readonly("W_K", [](const nn::Transformer& m) { return stacked(m, [](const nn::MultiHeadAttention& a, std::size_t h) { return a.W_k(h); }); },
+                             "(layers, heads, d_model, d_head): a query head's keys (GQA/MQA: its kv head's)")
+      .def_property_readonly("W_V", [](const nn::Transformer& m) { return stacked(m, [](const nn::MultiHeadAttention& a, std::size_t h) { return a.W_v(h); }); },
+                             "(layers, heads, d_model, d_v)")
+      .def_property_readonly("W_O", [](const nn::Transformer& m) { return stacked(m, [](const nn::MultiHeadAttention& a, std::size_t h) { return a.W_o(h); }); },
+                             "(layers, heads, d_v, d_model)")
       .def_property_readonly(
           "cfg", [](const nn::Transformer& model) {
             return py::module_::import("json").attr("loads")(nn::detail::transformer_config_json(model.config()).dump());

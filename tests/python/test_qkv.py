@@ -135,3 +135,54 @@ def test_errors_name_the_file_or_the_argument(tmp_path, rps_run):
         model(np.zeros((1, 2), dtype=np.float32))
     with pytest.raises(ValueError, match="hook_nothing"):
         model.run_with_cache(np.array([[0, 1]]), names_filter=["hook_nothing"])
+
+
+def test_per_head_matrices_are_the_ones_the_model_multiplies_by(rps_run):
+    model = qkv.load_run(str(rps_run[0]))
+    cfg = model.cfg
+    L, H = cfg["layers"], cfg["heads"]
+    d_head = cfg["d_head"] or cfg["d_model"] // H
+    assert model.W_Q.shape == (L, H, cfg["d_model"], d_head)
+    assert model.W_K.shape == (L, H, cfg["d_model"], d_head)
+    assert model.W_O.shape[:2] == (L, H) and model.W_O.shape[-1] == cfg["d_model"]
+    tokens = np.array([[0, 3, 1, 5, 2, 7, 0, 4, 1, 6, 2, 8]], dtype=np.int64)
+    _, cache = model.run_with_cache(tokens)
+    # q of head h = ln1(x) · W_Q[0, h] + its bias: the cache's, from the matrices by hand.
+    normalized = cache["blocks.0.ln1.hook_normalized"]
+    bias = model.state_dict()["blocks.0.attn.q_proj.bias"]
+    for h in range(H):
+        q = normalized @ model.W_Q[0, h] + bias[h * d_head:(h + 1) * d_head]
+        assert np.allclose(q, cache["blocks.0.attn.hook_q"][:, :, h], atol=1e-5)
+
+
+def test_a_new_model_takes_a_run_s_state_and_then_its_logits(rps_run):
+    trained = qkv.load_run(str(rps_run[0]))
+    fresh = qkv.Transformer(trained.cfg, seed=11)
+    tokens = np.array([[0, 3, 1, 5, 2, 7]], dtype=np.int64)
+    assert not np.array_equal(fresh(tokens), trained(tokens))
+    fresh.load_state_dict(trained.state_dict())
+    assert np.array_equal(fresh(tokens), trained(tokens))
+    state = trained.state_dict()
+    state.pop("tok.weight")
+    with pytest.raises(ValueError, match="tok.weight"):
+        fresh.load_state_dict(state)
+    with pytest.raises(ValueError, match="d_model"):
+        qkv.Transformer({"vocab_size": 8, "max_len": 4, "d_model": 0})
+
+
+def test_generate_is_greedy_decoding_by_hand():
+    model = qkv.Transformer({"vocab_size": 10, "n_classes": 10, "d_model": 16, "heads": 2, "layers": 2,
+                             "max_len": 12, "readout": "token"}, seed=5)
+    prompt = np.array([[1, 2, 3], [4, 4, 0]], dtype=np.int64)
+    out = model.generate(prompt, 6)
+    assert out.shape == (2, 9) and out.dtype == np.int64
+    assert np.array_equal(out[:, :3], prompt)
+    seq = prompt
+    for _ in range(6):  # the argmax of the last position's logits, appended
+        seq = np.concatenate([seq, model(seq)[:, -1].argmax(-1)[:, None]], axis=1)
+    assert np.array_equal(out, seq)
+    assert np.array_equal(model.generate(prompt, 6, use_cache=False), out)
+    sampled = model.generate(prompt, 6, temperature=1.0, seed=3)
+    assert np.array_equal(sampled, model.generate(prompt, 6, temperature=1.0, seed=3))
+    with pytest.raises(ValueError, match="3 prompt tokens and 10 more pass the model's 12 positions"):
+        model.generate(prompt, 10)
