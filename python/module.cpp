@@ -24,7 +24,12 @@
 #include "qkv/core/tensor.hpp"
 #include "qkv/core/random.hpp"
 #include "qkv/nn/detail/transformer_json.hpp"
+#include "qkv/nn/circuits.hpp"
 #include "qkv/nn/generate.hpp"
+#include "qkv/report/ablate.hpp"
+#include "qkv/report/alignment.hpp"
+#include "qkv/report/inspect.hpp"
+#include "qkv/training/run_analysis.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/training/options.hpp"
@@ -216,6 +221,32 @@ py::array_t<std::int64_t> ids_array(const IndexArray& ids) {
   return out;
 }
 
+// JSON as Python values (dicts, lists, numbers, text, None).
+py::object python_of(const nlohmann::json& j) { return py::module_::import("json").attr("loads")(j.dump()); }
+
+// A float64 matrix as a numpy array of its own.
+py::array matrix_array(Array<double> a) { return to_numpy(Tensor(std::move(a))); }
+
+// The head `h` of layer `l`, checked: IndexError naming the model's layers or heads.
+const nn::MultiHeadAttention& attention_of(const nn::Transformer& model, std::size_t l, std::size_t h) {
+  if (l >= model.blocks.size())
+    throw py::index_error(fmt::format("layer {}: the model has {} layers", l, model.blocks.size()));
+  if (h >= model.config().heads) throw py::index_error(fmt::format("head {}: the model has {} heads a layer", h, model.config().heads));
+  return model.blocks[l]->attn;
+}
+
+// A run's inspection, as `qkv inspect DIR` reads it: the input given as token ids, or the task's
+// typical input.
+training::RunInspection inspection_of(const std::string& dir, const py::object& input, bool history) {
+  std::optional<std::vector<std::int64_t>> ids;
+  if (!input.is_none()) {
+    const IndexArray tokens = to_tokens(input);
+    if (tokens.shape()[0] != 1) throw std::invalid_argument("input: one sequence of token ids");
+    ids = std::vector<std::int64_t>(tokens.begin(), tokens.end());
+  }
+  return training::inspect_run(dir, ids, history);
+}
+
 // A config as a dict (config.json's "model") read as the library reads the file's; ValueError
 // naming the field.
 nn::TransformerConfig config_of(const py::dict& config) {
@@ -245,6 +276,8 @@ PYBIND11_MODULE(_qkv, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const py::builtin_exception& e) {  // IndexError and the like, as pybind11 raises them
+      e.set_error();
     } catch (const training::UsageError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const std::invalid_argument& e) {
@@ -346,6 +379,63 @@ PYBIND11_MODULE(_qkv, m) {
           },
           "The model's config, as config.json's \"model\" holds it");
 
+  m.def(
+      "inspect",
+      [](const std::string& dir, const py::object& input, bool history) {
+        const training::RunInspection r = inspection_of(dir, input, history);
+        return python_of(std::visit([](const auto& i) { return report::to_json(i); }, r));
+      },
+      py::arg("dir"), py::arg("input") = py::none(), py::arg("history") = false,
+      "What `qkv inspect DIR --json` prints, as a dict: every head's circuits, σ, spectrum and token table, the "
+      "input's attention and scores, the composition of the heads (input: token ids; none: the task's typical one)");
+  m.def(
+      "report_html",
+      [](const std::string& dir, const py::object& input) {
+        const training::RunInspection r = inspection_of(dir, input, true);
+        if (const auto* i = std::get_if<analysis::Inspection>(&r)) return report::to_html(*i);
+        throw std::invalid_argument(fmt::format("report_html: {} is a seq2seq run; its report is qkv.inspect's", dir));
+      },
+      py::arg("dir"), py::arg("input") = py::none(),
+      "The self-contained HTML page of `qkv inspect DIR --html` (display it with IPython.display.HTML)");
+  m.def(
+      "evaluate",
+      [](const std::string& dir, std::size_t n, std::uint64_t seed, const py::object& data) {
+        return python_of(data.is_none() ? training::evaluate_run(dir, n, seed) : training::evaluate_run(dir, data.cast<std::string>()));
+      },
+      py::arg("dir"), py::arg("n") = 1024, py::arg("seed") = 1, py::arg("data") = py::none(),
+      "`qkv eval DIR`: accuracy and exact match on n fresh sequences from seed, or on a data file's");
+  m.def(
+      "ablate",
+      [](const std::string& dir, std::size_t n, std::uint64_t seed, const py::object& data) {
+        return python_of(report::to_json(data.is_none() ? training::ablate_run(dir, n, seed)
+                                                        : training::ablate_run(dir, data.cast<std::string>())));
+      },
+      py::arg("dir"), py::arg("n") = 1024, py::arg("seed") = 1, py::arg("data") = py::none(),
+      "`qkv ablate DIR --json`: every head zero- and mean-ablated (and patched, where the task corrupts) in turn");
+  m.def(
+      "qk_circuit",
+      [](const nn::Transformer& model, std::size_t layer, std::size_t head) {
+        return matrix_array(nn::qk_circuit(attention_of(model, layer, head), head));
+      },
+      py::arg("model"), py::arg("layer"), py::arg("head"), "W_Q W_Kᵀ of a head, d_model × d_model, float64");
+  m.def(
+      "ov_circuit",
+      [](const nn::Transformer& model, std::size_t layer, std::size_t head) {
+        return matrix_array(nn::ov_circuit(attention_of(model, layer, head), head));
+      },
+      py::arg("model"), py::arg("layer"), py::arg("head"), "W_V W_O of a head, d_model × d_model, float64");
+  m.def(
+      "composition_score",
+      [](const nn::Transformer& model, std::size_t l1, std::size_t h1, std::size_t l2, std::size_t h2, const std::string& kind) {
+        const nn::Composition c = kind == "q" ? nn::Composition::q : kind == "k" ? nn::Composition::k : kind == "v" ? nn::Composition::v
+                                  : throw std::invalid_argument(fmt::format("composition_score: kind '{}': q, k or v", kind));
+        if (l1 >= l2) throw std::invalid_argument(fmt::format("composition_score: layer {} does not come before layer {}", l1, l2));
+        return nn::composition_score(attention_of(model, l1, h1), h1, attention_of(model, l2, h2), h2, c);
+      },
+      py::arg("model"), py::arg("writer_layer"), py::arg("writer_head"), py::arg("reader_layer"), py::arg("reader_head"),
+      py::arg("kind"), "How much the reader head's q, k or v input reads what the writer head writes (Elhage et al.)");
+  m.def("symmetric_share", [](const py::array& a) { return nn::symmetric_share(to_tensor(a, "symmetric_share").to(DType::float64).value<double>()); },
+        py::arg("matrix"), "σ: ‖(A + Aᵀ)/2‖² / ‖A‖² of a square matrix");
   m.def("load_run", [](const std::string& dir) { return std::shared_ptr<nn::Transformer>(training::load_model(dir)); },
         py::arg("dir"), "The model of a run folder (decoder-only), at its committed checkpoint");
   m.def("train", &train, py::arg("task"), py::arg("out") = py::none(), py::arg("force") = false, py::arg("threads") = 1,

@@ -186,3 +186,40 @@ def test_generate_is_greedy_decoding_by_hand():
     assert np.array_equal(sampled, model.generate(prompt, 6, temperature=1.0, seed=3))
     with pytest.raises(ValueError, match="3 prompt tokens and 10 more pass the model's 12 positions"):
         model.generate(prompt, 10)
+
+
+def program_json(*args):
+    done = subprocess.run([QKV, *args], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_inspect_evaluate_and_ablate_are_the_programs(rps_run):
+    out = str(rps_run[0])
+    inspection = qkv.inspect(out)
+    assert inspection == program_json("inspect", out, "--json")
+    assert qkv.evaluate(out, n=256, seed=4) == program_json("eval", out, "--n", "256", "--seed", "4")
+    assert qkv.ablate(out, n=64) == program_json("ablate", out, "--n", "64", "--json")
+    # σ of the head, from W_Q and W_K in numpy: the inspection's.
+    model = qkv.load_run(out)
+    A = model.W_Q[0, 0].astype(np.float64) @ model.W_K[0, 0].astype(np.float64).T
+    sigma = np.sum(((A + A.T) / 2) ** 2) / np.sum(A ** 2)
+    assert abs(inspection["layers"][0]["heads"][0]["sigma"] - sigma) < 1e-6
+    assert np.allclose(qkv.qk_circuit(model, 0, 0), A, atol=1e-6)
+    assert abs(qkv.symmetric_share(qkv.qk_circuit(model, 0, 0)) - sigma) < 1e-6
+    page = qkv.report_html(out)
+    assert page.startswith("<!DOCTYPE html>") and "L0H0" in page
+    with pytest.raises(IndexError, match="layer 1: the model has 1 layers"):
+        qkv.qk_circuit(model, 1, 0)
+
+
+def test_composition_scores_are_the_frameworks_formula():
+    model = qkv.Transformer({"vocab_size": 10, "n_classes": 10, "d_model": 16, "heads": 2, "layers": 2,
+                             "max_len": 12, "readout": "token"}, seed=2)
+    ov, qk = qkv.ov_circuit(model, 0, 1), qkv.qk_circuit(model, 1, 0)
+    norm = np.linalg.norm
+    assert abs(qkv.composition_score(model, 0, 1, 1, 0, "q") - norm(ov @ qk) / (norm(ov) * norm(qk))) < 1e-12
+    assert abs(qkv.composition_score(model, 0, 1, 1, 0, "k") - norm(ov @ qk.T) / (norm(ov) * norm(qk))) < 1e-12
+    reader_ov = qkv.ov_circuit(model, 1, 0)
+    assert abs(qkv.composition_score(model, 0, 1, 1, 0, "v") - norm(ov @ reader_ov) / (norm(ov) * norm(reader_ov))) < 1e-12
+    with pytest.raises(ValueError, match="layer 1 does not come before layer 1"):
+        qkv.composition_score(model, 1, 0, 1, 1, "q")
