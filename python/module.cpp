@@ -379,6 +379,39 @@ PYBIND11_MODULE(_qkv, m) {
           },
           "The model's config, as config.json's \"model\" holds it");
 
+  py::class_<tasks::Task, std::shared_ptr<tasks::Task>>(m, "Task", "A built-in task: its sequences and what they ask")
+      .def_property_readonly("name", [](const tasks::Task& t) { return t.info().name; })
+      .def_property_readonly("description", [](const tasks::Task& t) { return t.info().description; })
+      .def_property_readonly("vocab_size", [](const tasks::Task& t) { return t.info().vocab_size; })
+      .def_property_readonly("n_classes", [](const tasks::Task& t) { return t.info().n_classes; },
+                             "Classes of token targets (the pointer readout's targets are positions: 0)")
+      .def_property_readonly("max_len", [](const tasks::Task& t) { return t.info().max_len; })
+      .def_property_readonly("readout", [](const tasks::Task& t) { return std::string(nn::name_of(t.info().readout)); },
+                             "\"pointer\": a target is a position; \"token\": a target is a class")
+      .def_property_readonly("causal", [](const tasks::Task& t) { return t.info().causal; })
+      .def(
+          "sample",
+          [](const tasks::Task& t, std::size_t batch, std::uint64_t seed) {
+            Generator gen(seed);
+            const tasks::Batch b = t.sample(batch, gen);
+            py::dict out;
+            out["tokens"] = ids_array(b.tokens);
+            out["targets"] = ids_array(b.targets);
+            if (b.source.dimension() > 0) out["source"] = ids_array(b.source);
+            return out;
+          },
+          py::arg("batch"), py::arg("seed"),
+          "A batch, drawn from `seed` as training draws its own: {tokens (B, T), targets (B, T), -100 where nothing "
+          "is scored; a seq2seq task's source (B, S)}, int64")
+      .def("decode", [](const tasks::Task& t, const std::vector<std::int64_t>& tokens) { return t.decode(tokens); },
+           py::arg("tokens"), "A row of tokens as the task's text")
+      .def("encode", [](const tasks::Task& t, const std::string& text) { return t.encode(text); }, py::arg("text"),
+           "The task's text as tokens")
+      .def("token_name", [](const tasks::Task& t, std::int64_t token) { return t.token_name(token); }, py::arg("token"));
+  m.def(
+      "task",
+      [](const std::string& name, std::size_t n) { return std::shared_ptr<tasks::Task>(tasks::make_task(name, n)); },
+      py::arg("name"), py::arg("n") = 0, "A built-in task, as the program makes it (n: its size, for line and cycle; 0: the default)");
   m.def(
       "inspect",
       [](const std::string& dir, const py::object& input, bool history) {

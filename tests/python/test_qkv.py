@@ -223,3 +223,24 @@ def test_composition_scores_are_the_frameworks_formula():
     assert abs(qkv.composition_score(model, 0, 1, 1, 0, "v") - norm(ov @ reader_ov) / (norm(ov) * norm(reader_ov))) < 1e-12
     with pytest.raises(ValueError, match="layer 1 does not come before layer 1"):
         qkv.composition_score(model, 1, 0, 1, 1, "q")
+
+
+def test_a_built_in_task_samples_what_it_asks():
+    line = qkv.task("line")
+    assert (line.name, line.readout, line.vocab_size, line.max_len) == ("line", "pointer", 8, 8)
+    batch = line.sample(16, seed=7)
+    tokens, targets = batch["tokens"], batch["targets"]
+    assert tokens.shape == targets.shape == (16, 8) and tokens.dtype == np.int64
+    # Each value points at the position of the next one; the last value (7) points nowhere.
+    for row, target in zip(tokens, targets):
+        for i, t in enumerate(target):
+            if row[i] == 7:
+                assert t == -100
+            else:
+                assert row[t] == row[i] + 1
+    assert np.array_equal(line.sample(16, seed=7)["tokens"], tokens)  # the seed's batch, again
+    assert qkv.task("cycle", n=3).vocab_size == 3
+    rps = qkv.task("rps")
+    assert rps.readout == "token" and rps.encode(rps.decode(list(rps.sample(1, 0)["tokens"][0])))
+    with pytest.raises(ValueError, match="unknown task 'chess'"):
+        qkv.task("chess")
