@@ -108,6 +108,11 @@ Array<T> combined(const Array<T>& x, const Array<T>& y, Op op, Generic generic) 
 }
 
 template <class T>
+Array<T> difference(const Array<T>& x, const Array<T>& y) {
+  return combined(x, y, std::minus<T>(), [](const Array<T>& u, const Array<T>& v) -> Array<T> { return u - v; });
+}
+
+template <class T>
 Array<T> product(const Array<T>& x, const Array<T>& y) {
   return combined(x, y, std::multiplies<T>(), [](const Array<T>& u, const Array<T>& v) -> Array<T> { return u * v; });
 }
@@ -133,10 +138,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   check_inputs("sub", {&a, &b});
   return dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);
-    return binary<T, false>("sub", a, b,
-                            [](const Array<T>& x, const Array<T>& y) {
-                              return combined(x, y, std::minus<T>(), [](const Array<T>& u, const Array<T>& v) -> Array<T> { return u - v; });
-                            },
+    return binary<T, false>("sub", a, b, [](const Array<T>& x, const Array<T>& y) { return difference(x, y); },
                             [](const Array<T>& g, const Tensor&, const Tensor&) -> const Array<T>& { return g; },
                             [](const Array<T>& g, const Tensor&, const Tensor&) { return -g; });
   });

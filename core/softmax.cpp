@@ -129,7 +129,7 @@ Tensor masked_fill(const Tensor& x, const MaskArray& mask, double value) {
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
     // where(mask, fill, from), by runs of the mask broadcast to the input's shape.
-    const auto where = [sx, sm, mask](T fill, const Array<T>& from) {
+    auto where = [sx, sm, mask](T fill, const Array<T>& from) {
       Array<T> out = Array<T>::from_shape(sx);
       const bool* m = mask.data();
       const T* f = from.data();
@@ -140,7 +140,7 @@ Tensor masked_fill(const Tensor& x, const MaskArray& mask, double value) {
       return out;
     };
     Array<T> y = where(static_cast<T>(value), x.value<T>());
-    return record_op<T>("masked_fill", std::move(y), {&x}, [where](BackwardContext<T>& ctx) {
+    return record_op<T>("masked_fill", std::move(y), {&x}, [where = std::move(where)](BackwardContext<T>& ctx) {
       ctx.accumulate(0, where(T(0), ctx.grad()));
     }, Save::nothing, /*infinite_inputs=*/!std::isfinite(value));
   });

@@ -11,7 +11,6 @@
 #include "qkv/core/ops.hpp"
 #include "qkv/report/charts.hpp"
 #include "qkv/experiments/detail/shipped_files.hpp"
-#include "qkv/nn/detail/json.hpp"
 #include "qkv/sweep/measurements.hpp"
 #include "qkv/sweep/sweep.hpp"
 #include "qkv/tasks/find_spec.hpp"
@@ -142,9 +141,7 @@ std::string experiment_table(const std::string& name, const Json& runs) {
 Json experiment_sweep(const ExperimentOptions& e) {
   Json spec;
   if (e.name.ends_with(".json")) {
-    const std::string text = nn::read_file(e.name, 1 << 20);
-    nn::detail::parse_json(text, e.name, 6);  // checked, then read keeping the file's order
-    spec = Json::parse(text);
+    spec = sweep::read_sweep_file(e.name);
     if (!spec.is_object()) throw std::invalid_argument(fmt::format("{}: a sweep is one JSON object", e.name));
   } else {
     spec = Json::parse(experiment_file(e.name));

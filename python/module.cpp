@@ -141,6 +141,9 @@ class PythonStderr : public std::streambuf {
   std::string line_;
 };
 
+// JSON as Python values (dicts, lists, numbers, text, None).
+py::object python_of(const nlohmann::json& j) { return py::module_::import("json").attr("loads")(j.dump()); }
+
 // Python values (str, int, float, bool) as JSON, for the option table.
 nlohmann::json json_of(const py::handle& v, const std::string& name) {
   if (py::isinstance<py::bool_>(v)) return v.cast<bool>();
@@ -152,7 +155,7 @@ nlohmann::json json_of(const py::handle& v, const std::string& name) {
 
 // qkv.train(task, out=None, force=False, threads=1, **options): `qkv train TASK` with options named
 // as its long options (underscores for dashes); its final JSON object as a dict.
-py::dict train(const std::string& task, const py::object& out, bool force, std::size_t threads, const py::kwargs& options) {
+py::object train(const std::string& task, const py::object& out, bool force, std::size_t threads, const py::kwargs& options) {
   nlohmann::json given = nlohmann::json::object();
   for (const auto& [key, value] : options) given[key.cast<std::string>()] = json_of(value, key.cast<std::string>());
   tasks::task_spec(task);  // an unknown task, named as such
@@ -182,7 +185,7 @@ py::dict train(const std::string& task, const py::object& out, bool force, std::
   }
   set_num_threads(before);
   progress.flush();
-  return py::module_::import("json").attr("loads")(training::result_json(o, r).dump());
+  return python_of(training::result_json(o, r));
 }
 
 // names_filter as run_with_cache takes it: None (every point), a name, a list of names, or a
@@ -220,9 +223,6 @@ py::array_t<std::int64_t> ids_array(const IndexArray& ids) {
   std::copy_n(ids.data(), ids.size(), out.mutable_data());
   return out;
 }
-
-// JSON as Python values (dicts, lists, numbers, text, None).
-py::object python_of(const nlohmann::json& j) { return py::module_::import("json").attr("loads")(j.dump()); }
 
 // A float64 matrix as a numpy array of its own.
 py::array matrix_array(Array<double> a) { return to_numpy(Tensor(std::move(a))); }
@@ -375,7 +375,7 @@ PYBIND11_MODULE(_qkv, m) {
                              "(layers, heads, d_v, d_model)")
       .def_property_readonly(
           "cfg", [](const nn::Transformer& model) {
-            return py::module_::import("json").attr("loads")(nn::detail::transformer_config_json(model.config()).dump());
+            return python_of(nn::detail::transformer_config_json(model.config()));
           },
           "The model's config, as config.json's \"model\" holds it");
 

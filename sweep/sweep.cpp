@@ -575,6 +575,7 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
           refuse(file, fmt::format("'grid' '{}' names settings, and {} sets the option '{}': give the settings another "
                                    "name",
                                    axis.key, from[o->name], o->name));
+      TrainOptions trained;  // the configuration's, checked once: its runs differ in their seed alone
       for (std::uint64_t s = 0; s < seed_count; ++s) {
         Run run{.id = "", .task = entry.task, .labels = labels, .options = options, .seed = seed_start + s, .train = {}};
         run.id = run_id(id, entry.task, options, run.seed);
@@ -585,21 +586,22 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
           refuse(file, fmt::format("{}: two runs have this id (the same options, under names that differ only in "
                                    "characters a file name may not hold)",
                                    name));
-        Json given = nlohmann::json(options);
-        given["seed"] = run.seed;
-        try {
-          run.train = training::run_options(entry.task, given);
-          apply_sweep_rules(run.train, options);
-          training::check_options(run.train);
-          for (const std::string& m : sweep.measurements)
-            if (const auto& check = measurement(m).check; check)
-              if (const std::string why = check(run.train); !why.empty()) refuse(file, fmt::format("{}: 'measure' '{}': {}", name, m, why));
-        } catch (const training::RunOptionError& e) {
-          refuse(file, fmt::format("{}: '{}' {}", name, e.option, e.what()));
-        } catch (const training::OptionError& e) {
-          const std::string option = training::option_of_field(e.field);
-          refuse(file, fmt::format("{}: '{}' {}", name, option.empty() ? e.field : option, e.what()));
-        }
+        if (s == 0) try {  // named by its first run
+            trained = training::run_options(entry.task, options);
+            apply_sweep_rules(trained, options);
+            training::check_options(trained);
+            for (const std::string& m : sweep.measurements)
+              if (const auto& check = measurement(m).check; check)
+                if (const std::string why = check(trained); !why.empty())
+                  refuse(file, fmt::format("{}: 'measure' '{}': {}", name, m, why));
+          } catch (const training::RunOptionError& e) {
+            refuse(file, fmt::format("{}: '{}' {}", name, e.option, e.what()));
+          } catch (const training::OptionError& e) {
+            const std::string option = training::option_of_field(e.field);
+            refuse(file, fmt::format("{}: '{}' {}", name, option.empty() ? e.field : option, e.what()));
+          }
+        run.train = trained;
+        run.train.seed = run.seed;
         sweep.runs.push_back(std::move(run));
       }
       std::size_t k = axes.size();
@@ -610,11 +612,13 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
   return sweep;
 }
 
-Sweep read_sweep(const std::string& path) {
+Json read_sweep_file(const std::string& path) {
   const std::string text = nn::read_file(path, max_file_bytes);
   nn::detail::parse_json(text, path, 6);  // checked, then read keeping the file's order (the grid's)
-  return parse_sweep(Json::parse(text), path);
+  return Json::parse(text);
 }
+
+Sweep read_sweep(const std::string& path) { return parse_sweep(read_sweep_file(path), path); }
 
 WorkerReport run_workers(const Sweep& sweep, const WorkerOptions& w, std::ostream& progress) {
   check_worker(w);

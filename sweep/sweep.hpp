@@ -71,6 +71,8 @@ inline constexpr std::size_t max_runs = 1'000'000;
 // option refuses, a task qkv does not know, an option given twice, options that do not go
 // together, naming the run).
 Sweep read_sweep(const std::string& path);
+// The file's JSON as it is, in its order, checked as JSON (size, depth, syntax) but not yet as a sweep.
+nlohmann::ordered_json read_sweep_file(const std::string& path);
 Sweep parse_sweep(const nlohmann::ordered_json& spec, const std::string& file);
 
 // DIR made ready for workers: a new or empty folder, or one a sweep wrote (it has sweep.json), gets
