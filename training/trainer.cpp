@@ -1,6 +1,7 @@
 #include "qkv/training/trainer.hpp"
 
 #include <signal.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -48,7 +49,9 @@ namespace {
 
 // The signal that asked a run to stop (SIGINT, SIGTERM), or 0.
 std::atomic<int> stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free);  // set from a signal handler
+// When the first of them came (CLOCK_MONOTONIC, in nanoseconds), or 0.
+std::atomic<long long> first_stop_ns{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free);  // signal handler
 
 }  // namespace
 
@@ -239,7 +242,21 @@ std::unique_ptr<Model> build(const Config& config, Generator& gen) {
 
 namespace {
 
-void request_stop(int signal) { stop_signal.store(signal); }
+// A second request ends the program at once, but not one within a second of the first: that is
+// the same request delivered twice (timeout(1) sends its signal to the program and to its process
+// group; a terminal's Ctrl-C reaches every process of the foreground group).
+void request_stop(int signal) {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  const long long ns = now.tv_sec * 1'000'000'000LL + now.tv_nsec;
+  long long first = 0;
+  if (!first_stop_ns.compare_exchange_strong(first, ns) && ns - first >= 1'000'000'000LL) {
+    ::signal(signal, SIG_DFL);
+    ::raise(signal);
+    return;
+  }
+  stop_signal.store(signal);
+}
 
 }  // namespace
 
@@ -248,7 +265,7 @@ int pending_stop() { return stop_signal.load(); }
 void stop_on_signals() {
   struct sigaction action {};
   action.sa_handler = request_stop;
-  action.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops the program at once
+  first_stop_ns.store(0);
   sigemptyset(&action.sa_mask);
   for (const int signal : {SIGINT, SIGTERM}) {
     struct sigaction old {};

@@ -26,8 +26,9 @@ struct Interrupted : std::runtime_error {
 };
 // From now on, SIGINT or SIGTERM ask the run in progress to stop: it finishes its step, commits a
 // checkpoint and throws Interrupted (a signal during the last step lets the run finish). A second
-// signal ends the program at once (the checkpoint already committed stays whole). A signal the
-// program was started ignoring (a background job's SIGINT) stays ignored.
+// signal, a second or more after the first, ends the program at once (the checkpoint already
+// committed stays whole); one sooner is the same request delivered twice, as timeout(1) does. A
+// signal the program was started ignoring (a background job's SIGINT) stays ignored.
 void stop_on_signals();
 // The signal that asked the run to stop and has not been answered yet (SIGINT, SIGTERM), or 0:
 // for a program that waits on runs in other processes and passes it on.

@@ -20,6 +20,9 @@
 
 #include <csignal>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 using namespace qkv;
 using qkv::test::check_same_weights;
 using qkv::test::short_run;
@@ -133,8 +136,12 @@ TEST_CASE("a run stopped by SIGINT or SIGTERM commits a checkpoint of its last s
     INFO(signal);
     TrainOptions first = short_run("brackets", "signal", 40);  // checkpoints only at the end
     stop_on_signals();
+    // Twice at once, as timeout(1) sends it (to the program and to its process group): one request.
     const auto send = [&](std::size_t step, const nn::Transformer&) {
-      if (step == 13) std::raise(signal);
+      if (step == 13) {
+        std::raise(signal);
+        std::raise(signal);
+      }
     };
     try {
       train(first, notes, false, send);
@@ -155,6 +162,24 @@ TEST_CASE("a run stopped by SIGINT or SIGTERM commits a checkpoint of its last s
     std::filesystem::remove_all(first.out);
   }
   std::filesystem::remove_all(whole.out);
+}
+
+TEST_CASE("a second SIGTERM a second after the first ends the program at once") {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    stop_on_signals();
+    std::raise(SIGTERM);
+    std::raise(SIGTERM);  // the same request
+    if (pending_stop() != SIGTERM) ::_exit(1);
+    ::usleep(1'100'000);
+    std::raise(SIGTERM);  // a second one
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
 }
 
 TEST_CASE("a resume with more steps extends the run, equal to a longer run where the schedule allows it, and says where not") {
