@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <malloc.h>
+#include <signal.h>
 
 #include <cstdint>
 #include <memory>
@@ -144,6 +145,15 @@ class PythonStderr : public std::streambuf {
 // JSON as Python values (dicts, lists, numbers, text, None).
 py::object python_of(const nlohmann::json& j) { return py::module_::import("json").attr("loads")(j.dump()); }
 
+// The options of a new run of `task`, checked by the option table: ValueError naming the option.
+tasks::TrainOptions run_options(const std::string& task, const nlohmann::json& given) {
+  try {
+    return training::run_options(task, given);
+  } catch (const training::RunOptionError& e) {
+    throw std::invalid_argument(fmt::format("train: '{}' {}", e.option, e.what()));
+  }
+}
+
 // Python values (str, int, float, bool) as JSON, for the option table.
 nlohmann::json json_of(const py::handle& v, const std::string& name) {
   if (py::isinstance<py::bool_>(v)) return v.cast<bool>();
@@ -153,26 +163,228 @@ nlohmann::json json_of(const py::handle& v, const std::string& name) {
   throw std::invalid_argument(fmt::format("{}: a number, text or True/False, not {}", name, std::string(py::str(v.get_type()))));
 }
 
-// qkv.train(task, out=None, force=False, threads=1, **options): `qkv train TASK` with options named
-// as its long options (underscores for dashes); its final JSON object as a dict.
-py::object train(const std::string& task, const py::object& out, bool force, std::size_t threads, const py::kwargs& options) {
+// A Python object, held from C++ (a registered task's spec lives as long as the process): released
+// under the GIL, and not at all once the interpreter has ended.
+std::shared_ptr<py::object> hold(py::object object) {
+  return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* held) {
+    if (Py_IsInitialized()) {
+      const py::gil_scoped_acquire gil;
+      delete held;
+    } else {
+      held->release();
+      delete held;
+    }
+  });
+}
+
+// An attribute the task may have, or `otherwise`.
+py::object attribute(const py::object& task, const char* name, py::object otherwise = py::none()) {
+  return py::hasattr(task, name) ? task.attr(name) : otherwise;
+}
+
+// A task written in Python, by the protocol qkv.train documents: `vocab_size`, `readout` and
+// `sample(batch, seed)` → {"tokens": (B, T), "targets": (B, T), -1 where nothing is scored}; and
+// if it has them, `name`, `n_classes`, `max_len`, `causal`, `pad`, `description`, `token_name(id)`,
+// `decode(tokens)`, `encode(text)`. Each batch is checked before training sees it.
+class PythonTask : public tasks::Task {
+ public:
+  PythonTask(std::shared_ptr<py::object> task, std::string name) : task_(std::move(task)) {
+    const py::gil_scoped_acquire gil;
+    const py::object& t = *task_;
+    info_.name = std::move(name);
+    info_.description = attribute(t, "description", py::str("a task written in Python")).cast<std::string>();
+    info_.vocab_size = count(t, "vocab_size", 1, tasks::max_width * 1000);
+    const std::string readout = field(t, "readout").cast<std::string>();
+    if (readout != "pointer" && readout != "token")
+      fail("readout is '{}': \"pointer\" (a target is a position) or \"token\" (a target is a token id)", readout);
+    info_.readout = readout == "pointer" ? nn::Readout::pointer : nn::Readout::token;
+    info_.n_classes = info_.readout == nn::Readout::pointer ? 0
+                      : py::hasattr(t, "n_classes")         ? count(t, "n_classes", 1, tasks::max_width * 1000)
+                                                            : info_.vocab_size;
+    info_.causal = attribute(t, "causal", py::bool_(true)).cast<bool>();
+    if (const py::object pad = attribute(t, "pad"); !pad.is_none()) {
+      info_.pad = pad.cast<std::int64_t>();
+      if (*info_.pad < 0 || std::size_t(*info_.pad) >= info_.vocab_size)
+        fail("pad is {}, not a token id 0-{}", *info_.pad, info_.vocab_size - 1);
+    }
+    if (py::hasattr(t, "max_len")) {
+      info_.max_len = count(t, "max_len", 1, tasks::max_width);
+    } else {  // the longest of a probe batch's rows: every batch is then checked against it
+      info_.max_len = std::size_t(call_sample(64, 0)["tokens"].cast<py::array>().shape(1));
+    }
+  }
+
+  // The task of a registration, whose info the first one found.
+  PythonTask(std::shared_ptr<py::object> task, tasks::TaskInfo info) : task_(std::move(task)), info_(std::move(info)) {}
+
+  const tasks::TaskInfo& info() const override { return info_; }
+
+  tasks::Batch sample(std::size_t batch_size, Generator& gen) const override {
+    const std::uint64_t seed = gen.next_u64();
+    const py::gil_scoped_acquire gil;
+    const py::dict drawn = call_sample(batch_size, seed);
+    const std::string call = fmt::format("sample({}, {})", batch_size, seed);
+    tasks::Batch b{ids(drawn, "tokens", call), ids(drawn, "targets", call)};
+    const std::size_t B = b.tokens.shape()[0], T = b.tokens.shape()[1];
+    if (B != batch_size || T == 0 || T > info_.max_len)
+      fail("{} returned tokens of shape ({}, {}); ({}, 1-{}) it must be", call, B, T, batch_size, info_.max_len);
+    if (b.targets.shape() != b.tokens.shape())
+      fail("{} returned targets of shape ({}, {}), and tokens of ({}, {})", call, b.targets.shape()[0],
+           b.targets.shape()[1], B, T);
+    for (std::size_t r = 0; r < B; ++r)
+      for (std::size_t p = 0; p < T; ++p) {
+        const std::int64_t token = b.tokens(r, p);
+        if (token < 0 || std::size_t(token) >= info_.vocab_size)
+          fail("{} returned token {} at row {}, position {}; token ids are 0-{}", call, token, r, p, info_.vocab_size - 1);
+        std::int64_t& target = b.targets(r, p);
+        if (target == -1 || target == tasks::ignore_target) {
+          target = tasks::ignore_target;
+          continue;
+        }
+        const bool pointer = info_.readout == nn::Readout::pointer;
+        // A causal model's query attends to the positions up to its own.
+        const std::size_t limit = pointer ? (info_.causal ? p + 1 : T) : info_.n_classes;
+        if (target < 0 || std::size_t(target) >= limit)
+          fail("{} returned target {} at row {}, position {}; {} 0-{}, or -1 where nothing is scored", call, target, r,
+               p, pointer ? (info_.causal ? "a causal pointer target is a position up to its own," : "a pointer target is a position")
+                          : "a target is a class",
+               limit - 1);
+      }
+    return b;
+  }
+
+  std::string decode(const std::vector<std::int64_t>& tokens) const override {
+    const py::gil_scoped_acquire gil;
+    if (py::hasattr(*task_, "decode")) return task_->attr("decode")(tokens).cast<std::string>();
+    std::vector<std::int64_t> kept;
+    for (const std::int64_t t : tokens)
+      if (t != info_.pad) kept.push_back(t);
+    return tasks::numbers_text(kept);
+  }
+
+  std::vector<std::int64_t> encode(const std::string& text) const override {
+    const py::gil_scoped_acquire gil;
+    if (py::hasattr(*task_, "encode")) return task_->attr("encode")(text).cast<std::vector<std::int64_t>>();
+    return tasks::parse_numbers(text, info_.vocab_size, info_.name);
+  }
+
+  std::string token_name(std::int64_t token) const override {
+    const py::gil_scoped_acquire gil;
+    if (py::hasattr(*task_, "token_name")) return task_->attr("token_name")(token).cast<std::string>();
+    return std::to_string(token);
+  }
+
+ private:
+  template <class... Args>
+  [[noreturn]] void fail(fmt::format_string<Args...> text, Args&&... args) const {
+    throw std::invalid_argument(fmt::format("task '{}': {}", info_.name, fmt::format(text, std::forward<Args>(args)...)));
+  }
+
+  py::object field(const py::object& t, const char* name) const {
+    if (!py::hasattr(t, name)) fail("has no `{}`; a task has vocab_size, readout and sample(batch, seed)", name);
+    return t.attr(name);
+  }
+
+  std::size_t count(const py::object& t, const char* name, std::size_t lo, std::size_t hi) const {
+    const py::object v = field(t, name);
+    if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v) || v.cast<py::int_>() < py::int_(lo) ||
+        v.cast<py::int_>() > py::int_(hi))
+      fail("{} is {}; a whole number {}-{}", name, std::string(py::repr(v)), lo, hi);
+    return v.cast<std::size_t>();
+  }
+
+  py::dict call_sample(std::size_t batch, std::uint64_t seed) const {
+    const py::object drawn = field(*task_, "sample")(batch, seed);
+    if (!py::isinstance<py::dict>(drawn) || !drawn.contains("tokens") || !drawn.contains("targets"))
+      fail("sample({}, {}) returned {}; a dict of \"tokens\" and \"targets\", int64 (B, T)", batch, seed,
+           std::string(py::str(drawn.get_type())));
+    return drawn.cast<py::dict>();
+  }
+
+  IndexArray ids(const py::dict& drawn, const char* key, const std::string& call) const {
+    const py::array array = py::array::ensure(drawn[key]);
+    if (!array || array.ndim() != 2 || (array.dtype().kind() != 'i' && array.dtype().kind() != 'u'))
+      fail("{} returned \"{}\" that are not a 2-d array of integers (B, T)", call, key);
+    const auto values = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(array);
+    IndexArray out = IndexArray::from_shape({std::size_t(values.shape(0)), std::size_t(values.shape(1))});
+    std::copy_n(values.data(), values.size(), out.data());
+    return out;
+  }
+
+  std::shared_ptr<py::object> task_;
+  tasks::TaskInfo info_;
+};
+
+// Registers a task written in Python under its `name` (or its class's), checked by building it
+// once; returns the name.
+std::string register_python_task(const py::object& task) {
+  const std::string name = attribute(task, "name", task.get_type().attr("__name__")).cast<std::string>();
+  const std::shared_ptr<py::object> held = hold(task);
+  const PythonTask first(held, name);  // its errors before the registry sees it, and a batch's
+  Generator gen(0);
+  {
+    const py::gil_scoped_release free;  // as training calls it
+    first.sample(2, gen);
+  }
+  tasks::register_task({.name = name,
+                        .make = [held, info = first.info()](std::size_t) { return std::make_unique<PythonTask>(held, info); },
+                        .target = attribute(task, "target", py::float_(0.99)).cast<double>()});
+  return name;
+}
+
+// While it lives, SIGINT and SIGTERM stop a run as they stop `qkv train` (a checkpoint of the step,
+// then training::Interrupted, which arrives as KeyboardInterrupt); then Python's handlers again.
+class StopOnSignals {
+ public:
+  StopOnSignals() {
+    for (int i = 0; i < 2; ++i) sigaction(signals[i], nullptr, &saved_[i]);
+    training::stop_on_signals();
+  }
+  ~StopOnSignals() {
+    for (int i = 0; i < 2; ++i) sigaction(signals[i], &saved_[i], nullptr);
+  }
+  StopOnSignals(const StopOnSignals&) = delete;
+  StopOnSignals& operator=(const StopOnSignals&) = delete;
+
+ private:
+  static constexpr int signals[2] = {SIGINT, SIGTERM};
+  struct sigaction saved_[2] {};
+};
+
+// qkv.train(task, out=None, force=False, resume=False, threads=1, **options): `qkv train TASK` with
+// options named as its long options (underscores for dashes), for a built-in task by name or a task
+// written in Python (registered under its name); its final JSON object as a dict.
+py::object train(const py::object& task, const py::object& out, bool force, bool resume, const py::object& threads,
+                 const py::kwargs& options) {
+  const std::string name = py::isinstance<py::str>(task) ? task.cast<std::string>() : register_python_task(task);
   nlohmann::json given = nlohmann::json::object();
   for (const auto& [key, value] : options) given[key.cast<std::string>()] = json_of(value, key.cast<std::string>());
-  tasks::task_spec(task);  // an unknown task, named as such
+  tasks::task_spec(name);  // an unknown task, named as such
+  const std::string dir = out.is_none() ? "runs/" + name : out.cast<std::string>();
   tasks::TrainOptions o;
-  try {
-    o = training::run_options(task, given);
-  } catch (const training::RunOptionError& e) {
-    throw std::invalid_argument(fmt::format("train: '{}' {}", e.option, e.what()));
+  if (resume) {
+    for (const auto& [key, value] : given.items())
+      if (key != "steps")
+        throw std::invalid_argument(fmt::format("train: resume=True takes the run's options from its config.json (but "
+                                                "steps, which extends it): drop {}",
+                                                key));
+    if (force) throw std::invalid_argument("train: resume=True continues the run; force=True would replace it");
+    std::optional<std::size_t> steps;
+    if (given.contains("steps")) steps = run_options(name, given).steps;
+    o = training::resumed_options(dir, name, steps);
+  } else {
+    o = run_options(name, given);
+    o.out = dir;
+    o.force = force;
   }
-  o.out = out.is_none() ? "runs/" + task : out.cast<std::string>();
-  o.force = force;
+  // As the run started (a resume), unless asked otherwise; a new run: one thread, as the program's.
   const std::size_t before = get_num_threads();
-  set_num_threads(threads);
+  set_num_threads(threads.is_none() ? (resume ? o.threads : 1) : threads.cast<std::size_t>());
   PythonStderr buffer;
   std::ostream progress(&buffer);
   training::TrainResult r;
   try {
+    const StopOnSignals stop;
     const py::gil_scoped_release free;
     r = training::train(o, progress, false);
   } catch (const training::OptionError& e) {
@@ -471,7 +683,12 @@ PYBIND11_MODULE(_qkv, m) {
         py::arg("matrix"), "σ: ‖(A + Aᵀ)/2‖² / ‖A‖² of a square matrix");
   m.def("load_run", [](const std::string& dir) { return std::shared_ptr<nn::Transformer>(training::load_model(dir)); },
         py::arg("dir"), "The model of a run folder (decoder-only), at its committed checkpoint");
-  m.def("train", &train, py::arg("task"), py::arg("out") = py::none(), py::arg("force") = false, py::arg("threads") = 1,
-        "qkv train TASK with options as its long options (underscores for dashes); the final JSON object as a dict");
+  m.def("train", &train, py::arg("task"), py::arg("out") = py::none(), py::arg("force") = false, py::arg("resume") = false,
+        py::arg("threads") = py::none(),
+        "qkv train TASK with options as its long options (underscores for dashes), for a built-in task by name or a "
+        "task written in Python; the final JSON object as a dict");
+  m.def("register_task", &register_python_task, py::arg("task"),
+        "Makes a task written in Python known by its name (its `name`, or its class's) in this process, as "
+        "qkv.train does, so that load_run, evaluate, inspect and ablate read its runs; returns the name");
   m.def("tasks", [] { return tasks::task_names(); }, "The names of the built-in tasks");
 }

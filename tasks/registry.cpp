@@ -6,21 +6,67 @@
 #include "qkv/tasks/registry.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <deque>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "qkv/tasks/find_spec.hpp"
 
 namespace qkv::tasks {
 
 #define QKV_DECLARE_TASK(name) TaskSpec name##_task();
 QKV_TASKS(QKV_DECLARE_TASK)
 
-const std::vector<TaskSpec>& task_registry() {
-#define QKV_TASK_SPEC(name) name##_task(),
-  static const std::vector<TaskSpec> tasks = {QKV_TASKS(QKV_TASK_SPEC)};
-  return tasks;
+namespace {
+
+// The built-in tasks, then those a program registered (register_task), a later registration of a
+// name after its earlier ones. A deque: a spec found stays where it is while others are added.
+struct Registry {
+  Registry() {
+#define QKV_TASK_SPEC(name) specs.push_back(name##_task());
+    QKV_TASKS(QKV_TASK_SPEC)
+    builtin = specs.size();
+  }
+  std::mutex mutex;
+  std::deque<TaskSpec> specs;
+  std::size_t builtin = 0;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+// The spec of `name` (its latest registration), or nullptr; under the registry's lock.
+const TaskSpec* latest(const Registry& r, const std::string& name) {
+  for (auto it = r.specs.rbegin(); it != r.specs.rend(); ++it)
+    if (it->name == name) return &*it;
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<TaskSpec> task_registry() {
+  Registry& r = registry();
+  const std::lock_guard lock(r.mutex);
+  std::vector<TaskSpec> specs;
+  for (const TaskSpec& spec : r.specs)
+    if (latest(r, spec.name) == &spec) specs.push_back(spec);
+  return specs;
+}
+
+void register_task(TaskSpec spec) {
+  const auto is_name_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; };
+  if (spec.name.empty() || spec.name.size() > 64 || !std::all_of(spec.name.begin(), spec.name.end(), is_name_char))
+    fail("register_task", "a task's name is 1 to 64 letters, digits, '_' or '-', not '{}'", spec.name);
+  if (!spec.make) fail("register_task", "the {} task has no `make`", spec.name);
+  Registry& r = registry();
+  const std::lock_guard lock(r.mutex);
+  for (std::size_t i = 0; i < r.builtin; ++i)
+    if (r.specs[i].name == spec.name) fail("register_task", "'{}' is a built-in task's name; give the task another", spec.name);
+  r.specs.push_back(std::move(spec));
 }
 
 
@@ -39,9 +85,20 @@ TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> m
           .target = 0.99};
 }
 
-std::vector<std::string> task_names() { return names_of(task_registry()); }
+std::vector<std::string> task_names() {
+  std::vector<std::string> names;
+  for (const TaskSpec& spec : task_registry()) names.push_back(spec.name);
+  return names;
+}
 
-const TaskSpec& task_spec(const std::string& name) { return find_spec(task_registry(), name, "task"); }
+const TaskSpec& task_spec(const std::string& name) {
+  {
+    Registry& r = registry();
+    const std::lock_guard lock(r.mutex);
+    if (const TaskSpec* spec = latest(r, name)) return *spec;
+  }
+  fail("task", "unknown task '{}' (known: {})", name, fmt::join(task_names(), ", "));
+}
 
 std::size_t task_size(const std::string& name, std::size_t n) {
   const TaskSpec& spec = task_spec(name);

@@ -1,7 +1,8 @@
 #pragma once
 // The registry of the tasks qkv knows, one TaskSpec each, listed once in tasks/registry.cpp: how
 // to make each, the model and training defaults with which it reaches its target, and what
-// reports and experiments measure on it. Nothing else names a task.
+// reports and experiments measure on it. Nothing else names a task. A program adds its own with
+// register_task.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,8 +71,14 @@ struct TaskSpec {
 TaskSpec seq2seq_spec(std::string name, std::function<std::unique_ptr<Task>()> make, std::size_t encoder_layers,
                       std::size_t steps);
 
-// Every registered task, in the order `qkv tasks` lists them.
-const std::vector<TaskSpec>& task_registry();
+// Every task: the built-in ones in the order `qkv tasks` lists them, then those registered.
+std::vector<TaskSpec> task_registry();
+// Makes a task of the program's own known by name for the rest of the process, as the built-in
+// ones are: train, read_config, evaluate and inspect then take it (a run's config.json names it,
+// so reading the run again needs it registered again). A name registered again is the latest
+// spec from then on. std::invalid_argument for a built-in task's name, a name that is not 1 to 64
+// letters, digits, '_' or '-', or a spec without `make`. Safe to call from any thread.
+void register_task(TaskSpec spec);
 std::vector<std::string> task_names();
 // Throws std::invalid_argument naming the task and listing the known ones.
 const TaskSpec& task_spec(const std::string& name);

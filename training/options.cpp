@@ -234,4 +234,12 @@ void check_resume_options(const TrainOptions& recorded, const TrainOptions& opti
                                  recorded.out));
 }
 
+TrainOptions resumed_options(const std::string& dir, const std::string& task, std::optional<std::size_t> steps) {
+  TrainOptions o = read_config(dir);
+  if (o.task != task) throw UsageError(fmt::format("--resume: the run in {} is a {} run, not {}", dir, o.task, task));
+  if (steps) o.steps = *steps;
+  o.resume = true;
+  return o;
+}
+
 }  // namespace qkv::training

@@ -1,6 +1,7 @@
 #pragma once
 // A run's options as the library checks them and config.json records them: their ranges and
 // combinations, the file's text and its reading, the schedule they give, and what a resume may change.
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -54,4 +55,8 @@ optim::Schedule training_schedule(const TrainOptions& options);
 // that differs from the run's config.json is refused with UsageError, as are fewer steps than
 // config.json records.
 void check_resume_options(const TrainOptions& recorded, const TrainOptions& options);
+
+// The options that resume the `task` run in `dir` (its config.json's, with resume set), extended to
+// `steps` when given; UsageError when the run in `dir` is another task's.
+TrainOptions resumed_options(const std::string& dir, const std::string& task, std::optional<std::size_t> steps = {});
 }  // namespace qkv::training

@@ -47,11 +47,10 @@ TrainOptions resumed_run(const TrainArgs& a, const CLI::App& sub) {
         !opt->check_name("--resume") && !opt->check_name("--steps"))
       usage("--resume", "the run's options come from its config.json (but --steps, which extends it): drop {}",
             opt->get_name());
-  TrainOptions o = training::read_config(a.out.empty() ? "runs/" + a.task : a.out);
-  if (o.task != a.task) usage("--resume", "the run in {} is a {} run, not {}", o.out, o.task, a.task);
-  if (a.given.contains("steps")) o.steps = std::size_t(std::stoull(a.given["steps"].get<std::string>()));
+  std::optional<std::size_t> steps;
+  if (a.given.contains("steps")) steps = std::size_t(std::stoull(a.given["steps"].get<std::string>()));
+  const TrainOptions o = training::resumed_options(a.out.empty() ? "runs/" + a.task : a.out, a.task, steps);
   if (!a.threads) set_num_threads(o.threads);  // as the run started, unless asked otherwise
-  o.resume = true;
   return o;
 }
 

@@ -11,7 +11,7 @@ in (a hook's replacement) as the same tensor, without a copy. Errors are ValueEr
 arguments and options, OSError for run folders and files, each with the library's message.
 """
 from ._qkv import (Hook, Task, Transformer, __version__, ablate, composition_score, evaluate, inspect, load_run,
-                   ov_circuit, qk_circuit, report_html, symmetric_share, task, tasks, train)
+                   ov_circuit, qk_circuit, register_task, report_html, symmetric_share, task, tasks, train)
 
 __all__ = ["Hook", "Task", "Transformer", "__version__", "ablate", "composition_score", "evaluate", "inspect",
-           "load_run", "ov_circuit", "qk_circuit", "report_html", "symmetric_share", "task", "tasks", "train"]
+           "load_run", "ov_circuit", "qk_circuit", "register_task", "report_html", "symmetric_share", "task", "tasks", "train"]

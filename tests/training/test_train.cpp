@@ -534,3 +534,56 @@ TEST_CASE("translate trains with its defaults to exact outputs, teacher-forced a
   CHECK(std::abs(written.exact_match - forced.exact_match) <= 1.0 / 256);
   std::filesystem::remove_all(o.out);
 }
+
+namespace {
+
+// Each position points at the one before it (position 0 is not scored).
+class PreviousPosition : public tasks::Task {
+ public:
+  PreviousPosition() { info_ = {.name = "previous", .description = "the position before", .vocab_size = 8, .max_len = 10,
+                                .readout = nn::Readout::pointer}; }
+  const tasks::TaskInfo& info() const override { return info_; }
+  tasks::Batch sample(std::size_t batch, Generator& gen) const override {
+    tasks::Batch b{IndexArray::from_shape({batch, 10}), IndexArray::from_shape({batch, 10})};
+    for (std::size_t r = 0; r < batch; ++r)
+      for (std::size_t p = 0; p < 10; ++p) {
+        b.tokens(r, p) = std::int64_t(gen.next_u64() % 8);
+        b.targets(r, p) = p == 0 ? tasks::ignore_target : std::int64_t(p) - 1;
+      }
+    return b;
+  }
+  std::string decode(const std::vector<std::int64_t>& tokens) const override { return tasks::numbers_text(tokens); }
+  std::vector<std::int64_t> encode(const std::string& text) const override { return tasks::parse_numbers(text, 8, "previous"); }
+  std::string token_name(std::int64_t token) const override { return std::to_string(token); }
+
+ private:
+  tasks::TaskInfo info_;
+};
+
+}  // namespace
+
+TEST_CASE("a registered task trains, records and reads back by name as a built-in one does") {
+  tasks::register_task({.name = "previous", .make = [](std::size_t) { return std::make_unique<PreviousPosition>(); }});
+  CHECK(task_names().back() == "previous");
+  TrainOptions o = short_run("previous", "registered", 300);
+  CHECK(o.model.readout == nn::Readout::pointer);
+  CHECK(o.model.vocab_size == 8);
+  std::ostringstream notes;
+  const TrainResult r = train(o, notes, false);
+  CHECK(r.eval.accuracy >= 0.99);
+  const TrainOptions read = read_config(o.out);
+  CHECK(read.task == "previous");
+  CHECK(read.model.max_len == 10);
+  // Resumed and extended by name.
+  CHECK(train(resumed_options(o.out, "previous", 320), notes, false).steps == 320);
+  CHECK_THROWS_WITH(resumed_options(o.out, "brackets"),
+                    Catch::Matchers::Contains("--resume: the run in " + o.out + " is a previous run, not brackets"));
+  std::filesystem::remove_all(o.out);
+
+  const auto make = [](std::size_t) { return std::make_unique<PreviousPosition>(); };
+  CHECK_THROWS_WITH(tasks::register_task({.name = "brackets", .make = make}),
+                    "register_task: 'brackets' is a built-in task's name; give the task another");
+  CHECK_THROWS_WITH(tasks::register_task({.name = "a/b", .make = make}),
+                    Catch::Matchers::Contains("a task's name is 1 to 64 letters, digits, '_' or '-', not 'a/b'"));
+  CHECK_THROWS_WITH(tasks::register_task({.name = "none", .make = {}}), "register_task: the none task has no `make`");
+}
