@@ -31,6 +31,7 @@
 #include "qkv/report/alignment.hpp"
 #include "qkv/report/inspect.hpp"
 #include "qkv/training/run_analysis.hpp"
+#include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/training/options.hpp"
@@ -459,17 +460,79 @@ training::RunInspection inspection_of(const std::string& dir, const py::object& 
   return training::inspect_run(dir, ids, history);
 }
 
-// A config as a dict (config.json's "model") read as the library reads the file's; ValueError
-// naming the field.
-nn::TransformerConfig config_of(const py::dict& config) {
-  nlohmann::json j = nn::detail::transformer_config_json(nn::TransformerConfig{});  // what is not given: the defaults
+
+// The activations a run_with_cache kept, by hook name.
+py::dict cache_dict(const nn::Activations& cache) {
+  py::dict activations;
+  for (const auto& [name, value] : cache.activations) activations[py::str(name)] = to_numpy(value);
+  return activations;
+}
+
+// fwd_hooks as run_with_hooks takes them: (name, fn) pairs, fn(activation, hook) returning None or
+// an array to go on with.
+nn::NamedHooks named_hooks(const std::vector<std::pair<std::string, py::function>>& fwd_hooks) {
+  nn::NamedHooks hooks;
+  for (const auto& [name, fn] : fwd_hooks)
+    hooks.emplace_back(name, [fn](const Tensor& value, const std::string& point) {
+      const py::object replaced = fn(to_numpy(value), Hook{point});
+      return replaced.is_none() ? value : to_tensor(py::array::ensure(replaced), point.c_str());
+    });
+  return hooks;
+}
+
+// A config dict over the defaults `defaults` (config.json's "model" with every field), read by
+// `read` as the library reads the file's; ValueError naming the field.
+template <class Read>
+auto config_over(nlohmann::json defaults, const py::dict& config, Read read) {
   const nlohmann::json given = nlohmann::json::parse(py::module_::import("json").attr("dumps")(config).cast<std::string>());
-  for (const auto& [key, value] : given.items()) j[key] = value;
+  for (const auto& [key, value] : given.items()) defaults[key] = value;
   try {
-    return nn::detail::read_transformer_config(j, "config", "");
+    return read(defaults);
   } catch (const std::runtime_error& e) {
     throw std::invalid_argument(e.what());
   }
+}
+
+// A source padding mask as the encoder takes it: None, or booleans (B, S), False at padding.
+MaskArray padding_of(const py::object& mask) {
+  if (mask.is_none()) return MaskArray();
+  const auto values = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(mask);
+  if (!values || values.ndim() != 2) throw std::invalid_argument("source_padding: booleans (B, S), False at padding");
+  MaskArray out = MaskArray::from_shape({std::size_t(values.shape(0)), std::size_t(values.shape(1))});
+  std::copy_n(values.data(), values.size(), out.data());
+  return out;
+}
+
+// What both models' classes have from Module: parameters and hook points by name.
+template <class Class>
+void add_module_calls(Class& cls) {
+  using Model = typename Class::type;
+  cls.def("hook_names", &Model::hook_names, "Every hook point's name")
+      .def(
+          "state_dict",
+          [](const Model& model) {
+            py::dict out;
+            for (const auto& [name, p] : model.state_dict()) out[py::str(name)] = to_numpy(p);
+            return out;
+          },
+          "Every parameter by name, trainable or frozen, as arrays that share the model's memory")
+      .def(
+          "load_state_dict",
+          [](Model& model, const py::dict& state) {
+            StateDict values;
+            for (const auto& [name, value] : state)
+              values.emplace_back(py::str(name), to_tensor(py::array::ensure(value), "load_state_dict"));
+            model.load_state_dict(values);
+          },
+          py::arg("state"), "Copies the arrays into the parameters of the same names (ValueError listing any missing, "
+          "unexpected or mis-shaped name; then nothing has changed)");
+}
+
+// A run folder's model: a Transformer, or an EncoderDecoder for a seq2seq task's run.
+py::object load_run(const std::string& dir) {
+  if (training::read_config(dir).encoder_layers > 0)
+    return py::cast(std::shared_ptr<nn::EncoderDecoder>(training::load_encoder_decoder(dir)));
+  return py::cast(std::shared_ptr<nn::Transformer>(training::load_model(dir)));
 }
 
 }  // namespace qkv::python
@@ -503,7 +566,9 @@ PYBIND11_MODULE(_qkv, m) {
 
   py::class_<Hook>(m, "Hook", "A hook point, as a hook function sees it").def_readonly("name", &Hook::name);
 
-  py::class_<nn::Transformer, std::shared_ptr<nn::Transformer>>(m, "Transformer", "A decoder-only model")
+  py::class_<nn::Transformer, std::shared_ptr<nn::Transformer>> transformer(m, "Transformer", "A decoder-only model");
+  add_module_calls(transformer);
+  transformer
       .def(
           "__call__",
           [](const nn::Transformer& model, const py::handle& tokens) {
@@ -516,9 +581,7 @@ PYBIND11_MODULE(_qkv, m) {
           [](nn::Transformer& model, const py::handle& tokens, const py::object& names_filter) {
             const NoGradGuard no_grad;
             const nn::ActivationCache cache = model.run_with_cache(to_tokens(tokens), filter_of(names_filter));
-            py::dict activations;
-            for (const auto& [name, value] : cache.activations) activations[py::str(name)] = to_numpy(value);
-            return py::make_tuple(to_numpy(cache.output.logits), activations);
+            return py::make_tuple(to_numpy(cache.output.logits), cache_dict(cache));
           },
           py::arg("tokens"), py::arg("names_filter") = py::none(),
           "(logits, cache): the activation at every hook point names_filter keeps (None: all; a name, a list of "
@@ -526,44 +589,21 @@ PYBIND11_MODULE(_qkv, m) {
       .def(
           "run_with_hooks",
           [](nn::Transformer& model, const py::handle& tokens, const std::vector<std::pair<std::string, py::function>>& fwd_hooks) {
-            nn::NamedHooks hooks;
-            for (const auto& [name, fn] : fwd_hooks)
-              hooks.emplace_back(name, [fn](const Tensor& value, const std::string& point) {
-                const py::object replaced = fn(to_numpy(value), Hook{point});
-                return replaced.is_none() ? value : to_tensor(py::array::ensure(replaced), point.c_str());
-              });
             const NoGradGuard no_grad;
-            return to_numpy(model.run_with_hooks(to_tokens(tokens), hooks).logits);
+            return to_numpy(model.run_with_hooks(to_tokens(tokens), named_hooks(fwd_hooks)).logits);
           },
           py::arg("tokens"), py::arg("fwd_hooks"),
           "Logits with hooks: each (name, fn) calls fn(activation, hook) at the point, which returns None (go on with "
           "it) or an array of the same shape to go on with instead")
-      .def("hook_names", &nn::Transformer::hook_names, "Every hook point's name")
       .def(py::init([](const py::dict& config, std::uint64_t seed) {
              Generator gen(seed);
-             return std::make_shared<nn::Transformer>(config_of(config), gen);
+             const auto read = [](const nlohmann::json& j) { return nn::detail::read_transformer_config(j, "config", ""); };
+             return std::make_shared<nn::Transformer>(
+                 config_over(nn::detail::transformer_config_json(nn::TransformerConfig{}), config, read), gen);
            }),
            py::arg("config"), py::arg("seed") = 0,
            "A new model from a config (as config.json's \"model\" holds it; unset fields at their defaults), its "
            "parameters drawn from `seed` as qkv train draws them")
-      .def(
-          "state_dict",
-          [](const nn::Transformer& model) {
-            py::dict out;
-            for (const auto& [name, p] : model.state_dict()) out[py::str(name)] = to_numpy(p);
-            return out;
-          },
-          "Every parameter by name, trainable or frozen, as arrays that share the model's memory")
-      .def(
-          "load_state_dict",
-          [](nn::Transformer& model, const py::dict& state) {
-            StateDict values;
-            for (const auto& [name, value] : state)
-              values.emplace_back(name.cast<std::string>(), to_tensor(py::array::ensure(value), "load_state_dict"));
-            model.load_state_dict(values);
-          },
-          py::arg("state"), "Copies the arrays into the parameters of the same names (ValueError listing any missing, "
-          "unexpected or mis-shaped name; then nothing has changed)")
       .def(
           "generate",
           [](const nn::Transformer& model, const py::handle& tokens, std::size_t count, double temperature, std::size_t top_k,
@@ -591,6 +631,76 @@ PYBIND11_MODULE(_qkv, m) {
           },
           "The model's config, as config.json's \"model\" holds it");
 
+  py::class_<nn::EncoderDecoder, std::shared_ptr<nn::EncoderDecoder>> encoder_decoder(
+      m, "EncoderDecoder", "An encoder-decoder: the model of a seq2seq task's run");
+  add_module_calls(encoder_decoder);
+  encoder_decoder
+      .def(py::init([](const py::dict& config, std::uint64_t seed) {
+             Generator gen(seed);
+             const auto read = [](const nlohmann::json& j) { return nn::detail::read_encoder_decoder_config(j, "config", ""); };
+             nn::EncoderDecoderConfig defaults{.src_vocab = 1, .tgt_vocab = 1, .max_src_len = 1, .max_tgt_len = 1};
+             return std::make_shared<nn::EncoderDecoder>(
+                 config_over(nn::detail::encoder_decoder_config_json(defaults), config, read), gen);
+           }),
+           py::arg("config"), py::arg("seed") = 0,
+           "A new model from a config (as a seq2seq run's config.json \"model\" holds it: src_vocab, tgt_vocab, "
+           "max_src_len, max_tgt_len and the rest at their defaults), its parameters drawn from `seed`")
+      .def(
+          "__call__",
+          [](const nn::EncoderDecoder& model, const py::handle& source, const py::handle& tokens, const py::object& padding) {
+            const NoGradGuard no_grad;
+            return to_numpy(model.forward(to_tokens(source), to_tokens(tokens), false, padding_of(padding)).logits);
+          },
+          py::arg("source"), py::arg("tokens"), py::arg("source_padding") = py::none(),
+          "Logits (B, T, tgt_vocab) of the decoder's input `tokens` (B, T) for `source` (B, S); source_padding: "
+          "booleans (B, S), False where the source is padding, which no query attends")
+      .def(
+          "encode",
+          [](const nn::EncoderDecoder& model, const py::handle& source, const py::object& padding) {
+            const NoGradGuard no_grad;
+            return to_numpy(model.encode(to_tokens(source), padding_of(padding)));
+          },
+          py::arg("source"), py::arg("source_padding") = py::none(), "The memory: the encoder's output (B, S, d_model)")
+      .def(
+          "run_with_cache",
+          [](nn::EncoderDecoder& model, const py::handle& source, const py::handle& tokens, const py::object& names_filter,
+             const py::object& padding) {
+            const NoGradGuard no_grad;
+            const nn::EncoderDecoderCache cache =
+                model.run_with_cache(to_tokens(source), to_tokens(tokens), filter_of(names_filter), padding_of(padding));
+            return py::make_tuple(to_numpy(cache.output.logits), cache_dict(cache));
+          },
+          py::arg("source"), py::arg("tokens"), py::arg("names_filter") = py::none(), py::arg("source_padding") = py::none(),
+          "(logits, cache), the cache by hook name (encoder.blocks.0.attn.hook_pattern, "
+          "decoder.blocks.0.cross_attn.hook_pattern, …)")
+      .def(
+          "run_with_hooks",
+          [](nn::EncoderDecoder& model, const py::handle& source, const py::handle& tokens,
+             const std::vector<std::pair<std::string, py::function>>& fwd_hooks, const py::object& padding) {
+            const NoGradGuard no_grad;
+            return to_numpy(
+                model.run_with_hooks(to_tokens(source), to_tokens(tokens), named_hooks(fwd_hooks), false, padding_of(padding)).logits);
+          },
+          py::arg("source"), py::arg("tokens"), py::arg("fwd_hooks"), py::arg("source_padding") = py::none(),
+          "Logits with hooks, as Transformer.run_with_hooks")
+      .def(
+          "generate",
+          [](const nn::EncoderDecoder& model, const py::handle& source, std::size_t count, std::int64_t start,
+             double temperature, std::size_t top_k, std::uint64_t seed, bool use_cache, const py::object& padding) {
+            Generator gen(seed);
+            const IndexArray src = to_tokens(source);
+            const NoGradGuard no_grad;
+            return ids_array(nn::generate(model, src, start, count, {.temperature = temperature, .top_k = top_k}, gen,
+                                          use_cache, padding_of(padding)));
+          },
+          py::arg("source"), py::arg("count"), py::arg("start"), py::arg("temperature") = 0.0, py::arg("top_k") = 0,
+          py::arg("seed") = 0, py::arg("use_cache") = true, py::arg("source_padding") = py::none(),
+          "The decoder's `count` tokens (B, count) after the `start` token (the task's `start`) for `source` (B, S): "
+          "greedy, or drawn at `temperature` among the `top_k` most likely, from `seed`")
+      .def_property_readonly(
+          "cfg", [](const nn::EncoderDecoder& model) { return python_of(nn::detail::encoder_decoder_config_json(model.config())); },
+          "The model's config, as a seq2seq run's config.json \"model\" holds it");
+
   py::class_<tasks::Task, std::shared_ptr<tasks::Task>>(m, "Task", "A built-in task: its sequences and what they ask")
       .def_property_readonly("name", [](const tasks::Task& t) { return t.info().name; })
       .def_property_readonly("description", [](const tasks::Task& t) { return t.info().description; })
@@ -601,6 +711,20 @@ PYBIND11_MODULE(_qkv, m) {
       .def_property_readonly("readout", [](const tasks::Task& t) { return std::string(nn::name_of(t.info().readout)); },
                              "\"pointer\": a target is a position; \"token\": a target is a class")
       .def_property_readonly("causal", [](const tasks::Task& t) { return t.info().causal; })
+      .def_property_readonly(
+          "seq2seq",
+          [](const tasks::Task& t) -> py::object {
+            if (!t.info().seq2seq) return py::none();
+            const tasks::Seq2SeqInfo& s = *t.info().seq2seq;
+            py::dict sides;
+            sides["source_vocab"] = s.source_vocab;
+            sides["max_source_len"] = s.max_source_len;
+            sides["source_pad"] = s.source_pad;
+            sides["start"] = s.start;
+            sides["end"] = s.end;
+            return sides;
+          },
+          "A seq2seq task's sides (source_vocab, max_source_len, source_pad, start, end), or None")
       .def(
           "sample",
           [](const tasks::Task& t, std::size_t batch, std::uint64_t seed) {
@@ -681,8 +805,9 @@ PYBIND11_MODULE(_qkv, m) {
       py::arg("kind"), "How much the reader head's q, k or v input reads what the writer head writes (Elhage et al.)");
   m.def("symmetric_share", [](const py::array& a) { return nn::symmetric_share(to_tensor(a, "symmetric_share").to(DType::float64).value<double>()); },
         py::arg("matrix"), "σ: ‖(A + Aᵀ)/2‖² / ‖A‖² of a square matrix");
-  m.def("load_run", [](const std::string& dir) { return std::shared_ptr<nn::Transformer>(training::load_model(dir)); },
-        py::arg("dir"), "The model of a run folder (decoder-only), at its committed checkpoint");
+  m.def("load_run", &load_run, py::arg("dir"),
+        "The model of a run folder at its committed checkpoint: a Transformer, or for a seq2seq task's run an "
+        "EncoderDecoder");
   m.def("train", &train, py::arg("task"), py::arg("out") = py::none(), py::arg("force") = false, py::arg("resume") = false,
         py::arg("threads") = py::none(),
         "qkv train TASK with options as its long options (underscores for dashes), for a built-in task by name or a "

@@ -10,8 +10,8 @@ Arrays qkv returns share the tensors' memory and are read-only; an array qkv ret
 in (a hook's replacement) as the same tensor, without a copy. Errors are ValueError for bad
 arguments and options, OSError for run folders and files, each with the library's message.
 """
-from ._qkv import (Hook, Task, Transformer, __version__, ablate, composition_score, evaluate, inspect, load_run,
+from ._qkv import (EncoderDecoder, Hook, Task, Transformer, __version__, ablate, composition_score, evaluate, inspect, load_run,
                    ov_circuit, qk_circuit, register_task, report_html, symmetric_share, task, tasks, train)
 
-__all__ = ["Hook", "Task", "Transformer", "__version__", "ablate", "composition_score", "evaluate", "inspect",
+__all__ = ["EncoderDecoder", "Hook", "Task", "Transformer", "__version__", "ablate", "composition_score", "evaluate", "inspect",
            "load_run", "ov_circuit", "qk_circuit", "register_task", "report_html", "symmetric_share", "task", "tasks", "train"]

@@ -244,3 +244,73 @@ def test_a_built_in_task_samples_what_it_asks():
     assert rps.readout == "token" and rps.encode(rps.decode(list(rps.sample(1, 0)["tokens"][0])))
     with pytest.raises(ValueError, match="unknown task 'chess'"):
         qkv.task("chess")
+
+
+@pytest.fixture(scope="module")
+def reverse_run(tmp_path_factory):
+    """A run of reverse: an encoder-decoder."""
+    out = tmp_path_factory.mktemp("runs") / "reverse"
+    qkv.train("reverse", out=str(out), steps=300)
+    return out
+
+
+def test_a_seq2seq_run_loads_as_an_encoder_decoder_that_writes_what_the_program_writes(reverse_run):
+    model = qkv.load_run(str(reverse_run))
+    assert isinstance(model, qkv.EncoderDecoder)
+    assert model.cfg["encoder_layers"] == 2 and model.cfg["src_vocab"] == 11
+    task = qkv.task("reverse")
+    sides = task.seq2seq
+    assert sides == {"source_vocab": 11, "max_source_len": 12, "source_pad": 10, "start": 10, "end": 11}
+    assert qkv.task("rps").seq2seq is None
+    for text in ["3 1 4", "0 5 2 6 7 8 8 5 6 2 9"]:
+        source = np.array([task.encode(text)])
+        written = model.generate(source, source.shape[1] + 1, sides["start"])
+        assert np.array_equal(written, model.generate(source, source.shape[1] + 1, sides["start"], use_cache=False))
+        row = list(written[0])
+        done = subprocess.run([QKV, "generate", str(reverse_run), "--input", text], capture_output=True, text=True,
+                              check=True)
+        assert task.decode(row[:row.index(sides["end"])] if sides["end"] in row else row) == done.stdout.strip()
+        # Greedy decoding by hand: each token the argmax of the logits of the tokens before it.
+        tokens = [sides["start"]]
+        for _ in range(source.shape[1] + 1):
+            tokens.append(int(model(source, [tokens])[0, -1].argmax()))
+        assert tokens[1:] == row
+
+
+def test_an_encoder_decoder_caches_and_hooks_by_name_and_takes_a_padding_mask(reverse_run):
+    model = qkv.load_run(str(reverse_run))
+    task = qkv.task("reverse")
+    batch = task.sample(8, 4)
+    padding = batch["source"] != task.seq2seq["source_pad"]
+    assert not padding.all()  # the batch has shorter sources
+    logits = model(batch["source"], batch["tokens"], source_padding=padding)
+    (_, S), (_, T) = batch["source"].shape, batch["tokens"].shape
+    assert logits.shape == (8, T, 12)
+    # The trainer's loss masks padding: with the mask, accuracy on the scored positions is the run's.
+    scored = batch["targets"] != -100
+    right = (logits.argmax(-1) == batch["targets"])[scored].mean()
+    unmasked = (model(batch["source"], batch["tokens"]).argmax(-1) == batch["targets"])[scored].mean()
+    assert right > 0.85 and right >= unmasked
+    again, cache = model.run_with_cache(batch["source"], batch["tokens"], names_filter=lambda n: "cross_attn.hook_pattern" in n,
+                                        source_padding=padding)
+    assert np.allclose(again, logits, atol=1e-5)  # attention op by op: the last bits may differ
+    pattern = cache["decoder.blocks.0.cross_attn.hook_pattern"]
+    assert pattern.shape == (8, 2, T, S)
+    assert np.allclose(pattern.sum(-1), 1, atol=1e-5)
+    assert (pattern[np.broadcast_to(~padding[:, None, None, :], pattern.shape)] == 0).all()  # none attends padding
+    assert pattern[np.broadcast_to(padding[:, None, None, :], pattern.shape)].max() > 0.5
+    assert model.encode(batch["source"], padding).shape == (8, S, 64)
+    zeroed = model.run_with_hooks(batch["source"], batch["tokens"],
+                                  fwd_hooks=[("decoder.blocks.0.cross_attn.hook_z", lambda z, hook: z * 0)],
+                                  source_padding=padding)
+    # Without the source, the decoder cannot reverse it.
+    assert (zeroed.argmax(-1) == batch["targets"])[scored].mean() < 0.5
+    with pytest.raises(ValueError, match="decoder.blocks.0.cross_attn.hook_zz"):
+        model.run_with_hooks(batch["source"], batch["tokens"], fwd_hooks=[("decoder.blocks.0.cross_attn.hook_zz", print)])
+    # A new model takes the run's state, and then its logits.
+    fresh = qkv.EncoderDecoder(model.cfg, seed=9)
+    assert not np.array_equal(fresh(batch["source"], batch["tokens"]), model(batch["source"], batch["tokens"]))
+    fresh.load_state_dict(model.state_dict())
+    assert np.array_equal(fresh(batch["source"], batch["tokens"], padding), logits)
+    with pytest.raises(ValueError, match="source_padding"):
+        model(batch["source"], batch["tokens"], source_padding=np.ones(3, dtype=bool))
