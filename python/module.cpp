@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <streambuf>
 #include <string>
@@ -38,6 +39,7 @@
 #include "qkv/training/run_folder.hpp"
 #include "qkv/training/run_options.hpp"
 #include "qkv/training/trainer.hpp"
+#include "qkv/sweep/sweep.hpp"
 #include "qkv/version.hpp"
 
 namespace py = pybind11;
@@ -316,6 +318,13 @@ class PythonTask : public tasks::Task {
   tasks::TaskInfo info_;
 };
 
+// The names of the tasks written in Python registered in this process: their runs take Python, so
+// a sweep of them runs in this process (jobs 1).
+std::set<std::string>& python_task_names() {
+  static std::set<std::string> names;
+  return names;
+}
+
 // Registers a task written in Python under its `name` (or its class's), checked by building it
 // once; returns the name.
 std::string register_python_task(const py::object& task) {
@@ -330,6 +339,7 @@ std::string register_python_task(const py::object& task) {
   tasks::register_task({.name = name,
                         .make = [held, info = first.info()](std::size_t) { return std::make_unique<PythonTask>(held, info); },
                         .target = attribute(task, "target", py::float_(0.99)).cast<double>()});
+  python_task_names().insert(name);
   return name;
 }
 
@@ -399,6 +409,59 @@ py::object train(const py::object& task, const py::object& out, bool force, bool
   set_num_threads(before);
   progress.flush();
   return python_of(training::result_json(o, r));
+}
+
+
+// A results table as a pandas DataFrame when pandas is there, else a list of dicts (a row each).
+py::object table_object(const sweep::ResultsTable& table) {
+  py::list rows;
+  for (const auto& row : table.rows) {
+    py::dict r;
+    for (std::size_t c = 0; c < table.columns.size(); ++c) r[py::str(table.columns[c])] = python_of(row[c]);
+    rows.append(r);
+  }
+  try {
+    return py::module_::import("pandas").attr("DataFrame")(rows, py::arg("columns") = table.columns);
+  } catch (const py::error_already_set& e) {
+    if (!e.matches(PyExc_ImportError)) throw;
+    return rows;
+  }
+}
+
+// A sweep given as a file's path or as a dict in the file's form, read and planned.
+sweep::Sweep sweep_of(const py::object& spec) {
+  if (py::isinstance<py::str>(spec)) return sweep::read_sweep(spec.cast<std::string>());
+  const std::string text = py::module_::import("json").attr("dumps")(spec).cast<std::string>();
+  return sweep::parse_sweep(nlohmann::ordered_json::parse(text), "sweep");
+}
+
+// The results of the sweep in `out` (its sweep.json's runs), merged as `qkv sweep --collect` merges them.
+py::object collected(const sweep::Sweep& plan, const std::string& out, bool partial) {
+  const sweep::Collected c = sweep::collect(plan, out, partial);
+  return table_object(sweep::results_table(plan, c.results));
+}
+
+// qkv.sweep(spec, out, jobs=1, index=0, of=1): `qkv sweep`, then its results as a table.
+py::object run_sweep(const py::object& spec, const std::string& out, std::size_t jobs, std::size_t index, std::size_t of) {
+  const sweep::Sweep plan = sweep_of(spec);
+  for (const sweep::Run& run : plan.runs)
+    if (jobs > 1 && python_task_names().count(run.task))
+      throw std::invalid_argument(fmt::format("sweep: the {} task is written in Python: its runs take this process "
+                                              "(jobs=1)",
+                                              run.task));
+  PythonStderr buffer;
+  std::ostream progress(&buffer);
+  sweep::WorkerReport report;
+  {
+    const StopOnSignals stop;
+    const py::gil_scoped_release free;
+    report = sweep::run_workers(plan, {.out = out, .jobs = jobs, .index = index, .of = of}, progress);
+  }
+  progress.flush();
+  if (report.failed)
+    PyErr_WarnEx(PyExc_RuntimeWarning,
+                 fmt::format("sweep: {} runs failed; their errors are in the results' \"error\"", report.failed).c_str(), 1);
+  return collected(plan, out, of > 1);
 }
 
 // names_filter as run_with_cache takes it: None (every point), a name, a list of names, or a
@@ -815,5 +878,15 @@ PYBIND11_MODULE(_qkv, m) {
   m.def("register_task", &register_python_task, py::arg("task"),
         "Makes a task written in Python known by its name (its `name`, or its class's) in this process, as "
         "qkv.train does, so that load_run, evaluate, inspect and ablate read its runs; returns the name");
-  m.def("tasks", [] { return tasks::task_names(); }, "The names of the built-in tasks");
+  m.def("tasks", [] { return tasks::task_names(); }, "The names of the tasks: the built-in ones, then those registered");
+  m.def("sweep", &run_sweep, py::arg("spec"), py::arg("out"), py::arg("jobs") = 1, py::arg("index") = 0, py::arg("of") = 1,
+        "`qkv sweep`: the runs of a sweep file (its path, or a dict in its form) in `out`, `jobs` at once (finished "
+        "runs are skipped; with index/of, the index-th slice of `of`); then the results as results.csv's table: a "
+        "pandas DataFrame when pandas is there, else a list of dicts");
+  m.def(
+      "sweep_results",
+      [](const std::string& out, bool partial) { return collected(sweep::read_sweep(out + "/sweep.json"), out, partial); },
+      py::arg("out"), py::arg("partial") = false,
+      "`qkv sweep --collect`: the results of the sweep in `out` as a table (a DataFrame when pandas is there); a "
+      "missing run is an OSError naming it, unless partial");
 }

@@ -317,6 +317,19 @@ std::string csv_field(const std::string& text) {
 }
 
 std::string csv(const Sweep& sweep, const Json& results) {
+  const ResultsTable table = results_table(sweep, results);
+  std::string out = fmt::format("{}\n", fmt::join(table.columns, ","));
+  for (const std::vector<Json>& row : table.rows) {
+    std::vector<std::string> cells;
+    for (const Json& v : row) cells.push_back(v.is_null() ? "" : csv_field(plain_text(v)));
+    out += fmt::format("{}\n", fmt::join(cells, ","));
+  }
+  return out;
+}
+
+}  // namespace
+
+ResultsTable results_table(const Sweep& sweep, const Json& results) {
   // The options every run of the sweep has, in the order the first run lists them; the task's label
   // where one differs from its task, and the names of named settings.
   std::vector<std::string> option_keys, label_keys;
@@ -342,11 +355,12 @@ std::string csv(const Sweep& sweep, const Json& results) {
   header.insert(header.end(), option_keys.begin(), option_keys.end());  // a sweep's file has no option named as its settings
   for (const std::string& key : metrics)
     if (!std::count(header.begin(), header.end(), key)) header.push_back(key);
-  std::string out = fmt::format("{}\n", fmt::join(header, ","));
+  ResultsTable table{.columns = header, .rows = {}};
+  static const Json null;
   for (const Json& r : results) {
     const Json& labels = r.at("labels");
     const Json& options = r.at("options");
-    std::vector<std::string> cells;
+    std::vector<Json>& cells = table.rows.emplace_back();
     for (const std::string& key : header) {
       const Json* v = key == "task_label"                                                       ? &labels.at("task")
                       : key == "id" || key == "task" || key == "seed"                            ? &r.at(key)
@@ -354,14 +368,12 @@ std::string csv(const Sweep& sweep, const Json& results) {
                       : options.contains(key)                                                    ? &options.at(key)
                       : r.contains(key)                                                          ? &r.at(key)
                                                                                                  : nullptr;
-      cells.push_back(!v || v->is_null() ? "" : csv_field(plain_text(*v)));
+      cells.push_back(v ? *v : null);
     }
-    out += fmt::format("{}\n", fmt::join(cells, ","));
   }
-  return out;
+  return table;
 }
 
-}  // namespace
 
 namespace {
 

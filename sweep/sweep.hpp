@@ -138,6 +138,16 @@ struct Collected {
 // error naming it (std::runtime_error), unless `partial`, which merges what there is.
 Collected collect(const Sweep& sweep, const std::string& out, bool partial);
 
+// The table of DIR/results.csv: the run's id, task (and task_label where a label differs from its
+// task), seed, the named settings, every option of the sweep's runs, then the metrics and the
+// measurements' columns; a row per result, its values as the result holds them (null where it
+// has none).
+struct ResultsTable {
+  std::vector<std::string> columns;
+  std::vector<std::vector<nlohmann::ordered_json>> rows;
+};
+ResultsTable results_table(const Sweep& sweep, const nlohmann::ordered_json& results);
+
 // The summary of results: a row per configuration (the runs that differ only in their seed) with
 // the runs, the failed ones, the final accuracy's mean ± sd and "k of n" seeds that reached the
 // task's target with a 95% Wilson interval.

@@ -11,7 +11,16 @@ in (a hook's replacement) as the same tensor, without a copy. Errors are ValueEr
 arguments and options, OSError for run folders and files, each with the library's message.
 """
 from ._qkv import (EncoderDecoder, Hook, Task, Transformer, __version__, ablate, composition_score, evaluate, inspect, load_run,
-                   ov_circuit, qk_circuit, register_task, report_html, symmetric_share, task, tasks, train)
+                   ov_circuit, qk_circuit, register_task, report_html, sweep, sweep_results, symmetric_share, task, tasks,
+                   train)
 
 __all__ = ["EncoderDecoder", "Hook", "Task", "Transformer", "__version__", "ablate", "composition_score", "evaluate", "inspect",
-           "load_run", "ov_circuit", "qk_circuit", "register_task", "report_html", "symmetric_share", "task", "tasks", "train"]
+           "load_run", "ov_circuit", "qk_circuit", "register_task", "report_html", "sweep", "sweep_results", "symmetric_share", "task", "tasks",
+           "to_torch", "train"]
+
+
+def to_torch(model):
+    """The model as a torch.nn.Module (qkv/torch_export.py) holding copies of its parameters under
+    qkv's names, whose logits equal qkv's within float32 rounding. Needs torch; `import qkv` does not."""
+    from .torch_export import to_torch as convert
+    return convert(model)
