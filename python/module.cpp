@@ -6,11 +6,13 @@
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/complex.h>
 #include <pybind11/stl.h>
 
 #include <malloc.h>
 #include <signal.h>
 
+#include <complex>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -22,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
 #include "qkv/core/runtime.hpp"
 #include "qkv/core/tensor.hpp"
 #include "qkv/core/random.hpp"
@@ -866,6 +869,60 @@ PYBIND11_MODULE(_qkv, m) {
       },
       py::arg("model"), py::arg("writer_layer"), py::arg("writer_head"), py::arg("reader_layer"), py::arg("reader_head"),
       py::arg("kind"), "How much the reader head's q, k or v input reads what the writer head writes (Elhage et al.)");
+  m.def("antisymmetry", [](const py::array& a) { return nn::antisymmetry(to_tensor(a, "antisymmetry").to(DType::float64).value<double>()); },
+        py::arg("matrix"), "‖A − Aᵀ‖ / ‖A‖ of a square matrix, in [0, 2]: 2·√(1 − σ)");
+  m.def(
+      "score_asymmetry",
+      [](const py::array& scores, const py::object& allowed) -> py::object {
+        const Array<double> s = to_tensor(scores, "score_asymmetry").to(DType::float64).value<double>();
+        MaskArray mask = xt::ones<bool>(s.shape());
+        if (!allowed.is_none()) {
+          const auto values = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(allowed);
+          if (!values || values.ndim() != 2) throw std::invalid_argument("score_asymmetry: allowed is booleans (T, T)");
+          mask = MaskArray::from_shape({std::size_t(values.shape(0)), std::size_t(values.shape(1))});
+          std::copy_n(values.data(), values.size(), mask.data());
+        }
+        const std::optional<double> a = nn::softmax_invariant_asymmetry(s, mask);
+        return a ? py::object(py::float_(*a)) : py::none();
+      },
+      py::arg("scores"), py::arg("allowed") = py::none(),
+      "The asymmetry of one head's pre-softmax scores (T, T) that softmax can see: what of S − Sᵀ no per-query "
+      "constant cancels, relative to ‖S‖ with rows centred, over the pairs that see each other both ways "
+      "(allowed: booleans (T, T), true where query i may attend key j; none: all). None where no pair does");
+  m.def(
+      "spectrum",
+      [](const py::array& a) {
+        const nn::MatrixSpectrum sp = nn::spectrum(to_tensor(a, "spectrum").to(DType::float64).value<double>());
+        py::dict out;
+        out["singular_values"] = py::array_t<double>(py::ssize_t(sp.singular_values.size()), sp.singular_values.data());
+        out["stable_rank"] = sp.stable_rank;
+        out["rank"] = sp.rank;
+        out["eigenvalues"] = py::array_t<std::complex<double>>(py::ssize_t(sp.eigenvalues.size()), sp.eigenvalues.data());
+        return out;
+      },
+      py::arg("matrix"),
+      "Singular values (descending), stable rank ‖A‖²_F/‖A‖²_2, numerical rank (numpy's rule) and, for a square "
+      "matrix, eigenvalues by modulus, descending");
+  m.def(
+      "token_table",
+      [](const nn::Transformer& model, std::size_t layer) {
+        attention_of(model, layer, 0);
+        const NoGradGuard no_grad;
+        const Tensor t = nn::table_scores(*model.blocks[layer], model.tok.weight);
+        return to_numpy(reshape(t, {std::int64_t(t.size(1)), std::int64_t(t.size(2)), std::int64_t(t.size(3))}));
+      },
+      py::arg("model"), py::arg("layer"),
+      "(heads, vocab, vocab): the scores each head of the layer gives query token × key token, the stream holding "
+      "only the token embeddings (after the layer's LayerNorm, biases included, scaled, no mask)");
+  m.def(
+      "position_table",
+      [](const nn::Transformer& model, std::size_t layer) {
+        attention_of(model, layer, 0);
+        const NoGradGuard no_grad;
+        const Tensor t = nn::table_scores(*model.blocks[layer], model.position_table());
+        return to_numpy(reshape(t, {std::int64_t(t.size(1)), std::int64_t(t.size(2)), std::int64_t(t.size(3))}));
+      },
+      py::arg("model"), py::arg("layer"), "(heads, max_len, max_len): the same with the position embeddings");
   m.def("symmetric_share", [](const py::array& a) { return nn::symmetric_share(to_tensor(a, "symmetric_share").to(DType::float64).value<double>()); },
         py::arg("matrix"), "σ: ‖(A + Aᵀ)/2‖² / ‖A‖² of a square matrix");
   m.def("load_run", &load_run, py::arg("dir"),

@@ -314,3 +314,56 @@ def test_an_encoder_decoder_caches_and_hooks_by_name_and_takes_a_padding_mask(re
     assert np.array_equal(fresh(batch["source"], batch["tokens"], padding), logits)
     with pytest.raises(ValueError, match="source_padding"):
         model(batch["source"], batch["tokens"], source_padding=np.ones(3, dtype=bool))
+
+
+def test_spectra_and_asymmetries_are_numpys():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((6, 6))
+    sp = qkv.spectrum(a)
+    s = np.linalg.svd(a, compute_uv=False)
+    assert np.allclose(sp["singular_values"], s, rtol=1e-12)
+    assert np.isclose(sp["stable_rank"], (s ** 2).sum() / s[0] ** 2, rtol=1e-12) and sp["rank"] == 6
+    theirs = np.linalg.eigvals(a)
+    assert np.allclose(np.sort(np.abs(sp["eigenvalues"]))[::-1], np.abs(sp["eigenvalues"]))  # by modulus
+    assert np.allclose(np.sort_complex(sp["eigenvalues"]), np.sort_complex(theirs), atol=1e-10)
+    low = rng.standard_normal((6, 2)) @ rng.standard_normal((2, 4))
+    assert qkv.spectrum(low)["rank"] == 2 and len(qkv.spectrum(low)["eigenvalues"]) == 0
+    sigma = qkv.symmetric_share(a)
+    assert np.isclose(qkv.antisymmetry(a), np.linalg.norm(a - a.T) / np.linalg.norm(a), rtol=1e-12)
+    assert np.isclose(qkv.antisymmetry(a), 2 * np.sqrt(1 - sigma), rtol=1e-12)
+
+    # What softmax sees of S − Sᵀ: min over c of ‖S − Sᵀ + c1ᵀ − 1cᵀ‖ off the diagonal, by least squares.
+    T = 6
+    off = ~np.eye(T, dtype=bool)
+    pairs = [(i, j) for i in range(T) for j in range(T) if off[i, j]]
+    design = np.zeros((len(pairs), T))
+    for row, (i, j) in enumerate(pairs):
+        design[row, i], design[row, j] = 1, -1
+    flow = np.array([a[i, j] - a[j, i] for i, j in pairs])
+    c = np.linalg.lstsq(design, -flow, rcond=None)[0]
+    centred = a - a.mean(1, keepdims=True)
+    expected = np.linalg.norm(flow + design @ c) / np.linalg.norm(centred[off])
+    assert np.isclose(qkv.score_asymmetry(a), expected, rtol=1e-10)
+    symmetric = a + a.T + rng.standard_normal((T, 1))  # a constant added to each query's row
+    assert qkv.score_asymmetry(symmetric) < 1e-12
+    assert qkv.score_asymmetry(a, np.tril(np.ones((T, T), dtype=bool))) is None  # causal: no pair both ways
+
+
+def test_a_token_table_is_the_scores_of_the_embeddings_by_hand(rps_run):
+    model = qkv.load_run(str(rps_run[0]))
+    p = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    e = p["tok.weight"]
+    h = (e - e.mean(1, keepdims=True)) / np.sqrt(e.var(1, keepdims=True) + 1e-5)
+    h = h * p["blocks.0.ln1.weight"] + p["blocks.0.ln1.bias"]
+    q = h @ p["blocks.0.attn.q_proj.weight"].T + p["blocks.0.attn.q_proj.bias"]
+    k = h @ p["blocks.0.attn.k_proj.weight"].T + p["blocks.0.attn.k_proj.bias"]
+    H = model.cfg["heads"]
+    d = q.shape[1] // H
+    table = qkv.token_table(model, 0)
+    assert table.shape == (H, e.shape[0], e.shape[0])
+    for head in range(H):
+        by_hand = q[:, head * d:(head + 1) * d] @ k[:, head * d:(head + 1) * d].T / np.sqrt(d)
+        assert np.allclose(table[head], by_hand, atol=1e-4)
+    assert qkv.position_table(model, 0).shape == (H, model.cfg["max_len"], model.cfg["max_len"])
+    with pytest.raises(IndexError, match="layer 5: the model has"):
+        qkv.token_table(model, 5)
