@@ -594,6 +594,14 @@ void add_module_calls(Class& cls) {
           "unexpected or mis-shaped name; then nothing has changed)");
 }
 
+// The scores (heads, N, N) of a layer's heads when the stream holds only the rows of `table`.
+py::array table_array(const nn::Transformer& model, std::size_t layer, const Tensor& table) {
+  attention_of(model, layer, 0);
+  const NoGradGuard no_grad;
+  const Tensor t = nn::table_scores(*model.blocks[layer], table);
+  return to_numpy(reshape(t, {std::int64_t(t.size(1)), std::int64_t(t.size(2)), std::int64_t(t.size(3))}));
+}
+
 // A run folder's model: a Transformer, or an EncoderDecoder for a seq2seq task's run.
 py::object load_run(const std::string& dir) {
   if (training::read_config(dir).encoder_layers > 0)
@@ -905,23 +913,13 @@ PYBIND11_MODULE(_qkv, m) {
       "matrix, eigenvalues by modulus, descending");
   m.def(
       "token_table",
-      [](const nn::Transformer& model, std::size_t layer) {
-        attention_of(model, layer, 0);
-        const NoGradGuard no_grad;
-        const Tensor t = nn::table_scores(*model.blocks[layer], model.tok.weight);
-        return to_numpy(reshape(t, {std::int64_t(t.size(1)), std::int64_t(t.size(2)), std::int64_t(t.size(3))}));
-      },
+      [](const nn::Transformer& model, std::size_t layer) { return table_array(model, layer, model.tok.weight); },
       py::arg("model"), py::arg("layer"),
       "(heads, vocab, vocab): the scores each head of the layer gives query token × key token, the stream holding "
       "only the token embeddings (after the layer's LayerNorm, biases included, scaled, no mask)");
   m.def(
       "position_table",
-      [](const nn::Transformer& model, std::size_t layer) {
-        attention_of(model, layer, 0);
-        const NoGradGuard no_grad;
-        const Tensor t = nn::table_scores(*model.blocks[layer], model.position_table());
-        return to_numpy(reshape(t, {std::int64_t(t.size(1)), std::int64_t(t.size(2)), std::int64_t(t.size(3))}));
-      },
+      [](const nn::Transformer& model, std::size_t layer) { return table_array(model, layer, model.position_table()); },
       py::arg("model"), py::arg("layer"), "(heads, max_len, max_len): the same with the position embeddings");
   m.def("symmetric_share", [](const py::array& a) { return nn::symmetric_share(to_tensor(a, "symmetric_share").to(DType::float64).value<double>()); },
         py::arg("matrix"), "σ: ‖(A + Aᵀ)/2‖² / ‖A‖² of a square matrix");
