@@ -5,8 +5,8 @@
 
 For each configuration of the experiment's sweep (`qkv experiment NAME --print`), the same model
 trains in PyTorch: the token and position embeddings, pre-LayerNorm attention blocks with W_q,
-W_k, W_v and W_o (tied: W_k = W_q; symmetric: k = q ⊙ s with s half +1, half −1; identity: no
-W_q, W_k, W_v), the readout (pointer: head 0's scores of the last layer over the keys; token: a
+W_k, W_v and W_o (tied: W_k = W_q; symmetric: k = q ⊙ s with s half +1, half −1 in each head;
+identity: no W_q, W_k, W_v; identity-qk: no W_q, W_k), the readout (pointer: head 0's scores of the last layer over the keys; token: a
 final LayerNorm and a linear head), cross-entropy, gradient clipping at 1 and Adam, at the run's
 batch size, one thread. Its batches are random tokens drawn before timing (PyTorch gets its data
 for free; qkv samples the task each step). qkv's rate is `qkv train` on the same options with one
@@ -98,12 +98,13 @@ class Twin(torch.nn.Module):
         self.pos = torch.nn.Parameter(torch.randn(self.T, self.D) * 0.02)
         self.ln = torch.nn.ModuleList(torch.nn.LayerNorm(self.D) for _ in range(self.L))
         width = self.H * self.dh
-        learned = self.proj != "identity"
+        learned = self.proj not in ("identity", "identity-qk")
         self.wq = torch.nn.ModuleList(torch.nn.Linear(self.D, width) for _ in range(self.L)) if learned else None
         self.wk = torch.nn.ModuleList(torch.nn.Linear(self.D, width) for _ in range(self.L)) if learned and self.qk == "untied" else None
-        self.wv = torch.nn.ModuleList(torch.nn.Linear(self.D, width) for _ in range(self.L)) if learned else None
+        self.wv = torch.nn.ModuleList(torch.nn.Linear(self.D, width) for _ in range(self.L)) if self.proj != "identity" else None
         self.wo = torch.nn.ModuleList(torch.nn.Linear(width, self.D) for _ in range(self.L))
-        self.register_buffer("signs", torch.tensor([1.0 if i < width // 2 else -1.0 for i in range(width)]))
+        # Symmetric keys: the first half (rounded up) of each head's dimensions +1, the rest -1.
+        self.register_buffer("signs", torch.tensor([1.0 if i % self.dh < (self.dh + 1) // 2 else -1.0 for i in range(width)]))
         self.register_buffer("blocked", torch.ones(self.T, self.T, dtype=torch.bool).triu(1))
         self.causal = causal
         self.ln_final = torch.nn.LayerNorm(self.D)  # as qkv keeps it, unused by the pointer readout
@@ -117,7 +118,9 @@ class Twin(torch.nn.Module):
         for l in range(self.L):
             h = self.ln[l](x)
             if self.wq is None:
-                q = k = v = h
+                q = h
+                k = h * self.signs if self.qk == "symmetric" else h
+                v = h if self.wv is None else self.wv[l](h)
             else:
                 q = self.wq[l](h)
                 k = self.wk[l](h) if self.wk is not None else q * self.signs if self.qk == "symmetric" else q

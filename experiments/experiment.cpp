@@ -33,8 +33,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 std::string variant_of(const nn::TransformerConfig& c) {
-  if (c.proj == nn::Projection::identity) return "identity";
-  if (c.proj == nn::Projection::frozen) return "frozen";
+  if (c.proj != nn::Projection::learned) return nn::name_of(c.proj);  // frozen, identity, identity-qk
   return nn::name_of(c.qk);  // untied, tied or symmetric
 }
 

@@ -38,13 +38,16 @@ MultiHeadAttentionOptions resolve(MultiHeadAttentionOptions o) {
          o.qk == QK::tied ? "tied" : "symmetric", o.n_kv_heads, o.n_heads, o.kdim, o.d_model);
   if (o.qk == QK::symmetric && o.d_head < 2)
     fail(who, "qk=symmetric needs d_head of at least 2 (one +1 and one −1 sign), got {}", o.d_head);
-  if (o.proj == Projection::identity) {
+  if (o.proj == Projection::identity || o.proj == Projection::identity_qk) {
+    const char* proj = o.proj == Projection::identity ? "identity" : "identity-qk";
     if (o.d_head * o.n_heads != o.d_model)
-      fail(who, "proj=identity needs d_head·n_heads = d_model, got {}·{} = {} and d_model {}", o.d_head, o.n_heads,
+      fail(who, "proj={} needs d_head·n_heads = d_model, got {}·{} = {} and d_model {}", proj, o.d_head, o.n_heads,
            o.d_head * o.n_heads, o.d_model);
-    if (o.n_kv_heads != o.n_heads || o.d_v != o.d_head || o.kdim != o.d_model || o.vdim != o.d_model)
-      fail(who, "proj=identity needs n_kv_heads = n_heads, d_v = d_head and kdim = vdim = d_model (got n_kv_heads {}, "
-           "d_v {}, kdim {}, vdim {})", o.n_kv_heads, o.d_v, o.kdim, o.vdim);
+    if (o.n_kv_heads != o.n_heads || o.kdim != o.d_model)
+      fail(who, "proj={} needs n_kv_heads = n_heads and kdim = d_model (got n_kv_heads {}, kdim {})", proj, o.n_kv_heads,
+           o.kdim);
+    if (o.proj == Projection::identity && (o.d_v != o.d_head || o.vdim != o.d_model))
+      fail(who, "proj=identity needs d_v = d_head and vdim = d_model (got d_v {}, vdim {})", o.d_v, o.vdim);
   }
   return o;
 }
@@ -204,7 +207,10 @@ void KVCache::append(const Tensor& k, const Tensor& v) {
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen)
     : options_(resolve(options)) {
   const auto& o = options_;
-  if (o.proj != Projection::identity) {
+  if (o.proj == Projection::identity_qk) {
+    v_proj = std::make_unique<Linear>(o.vdim, o.n_kv_heads * o.d_v, o.qkv_bias, o.dtype, gen);
+    register_module("v_proj", *v_proj);
+  } else if (o.proj != Projection::identity) {
     q_proj = std::make_unique<Linear>(o.d_model, o.n_heads * o.d_head, o.qkv_bias, o.dtype, gen);
     if (o.qk == QK::untied) k_proj = std::make_unique<Linear>(o.kdim, o.n_kv_heads * o.d_head, o.qkv_bias, o.dtype, gen);
     v_proj = std::make_unique<Linear>(o.vdim, o.n_kv_heads * o.d_v, o.qkv_bias, o.dtype, gen);
@@ -247,10 +253,11 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   const bool symmetric = o.qk == QK::symmetric;
   // Decoding: new positions against a cache, without weights, hooks or gradients, in the fused kernel.
   const bool decoding = cache != nullptr && !need_weights && !hooked() && !is_grad_enabled();
-  if (o.proj == Projection::identity) {
+  if (!q_proj) {  // identity, or identity on the QK side: the stream itself is q and k
     const Tensor k = symmetric ? keys_of(xb) : xb;
-    if (decoding) return attend_cached(xb, k, xb, mask, *cache, x.dim() == 2);
-    return attend(xb, k, xb, mask, need_weights, cache, x.dim() == 2);
+    const Tensor v = v_proj ? (*v_proj)(xb) : xb;
+    if (decoding) return attend_cached(xb, k, v, mask, *cache, x.dim() == 2);
+    return attend(xb, k, v, mask, need_weights, cache, x.dim() == 2);
   }
   const Linear& k_lin = k_proj ? *k_proj : *q_proj;
   if (!need_weights && cache == nullptr && !hooked()) {
@@ -291,10 +298,10 @@ AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& k
          to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
   const bool symmetric = o.qk == QK::symmetric;
   const bool decoding = cache != nullptr && !need_weights && !hooked() && !is_grad_enabled();
-  Tensor q = qb, k = kb, v = vb;
-  if (o.proj != Projection::identity) {
+  Tensor q = qb, k = kb, v = v_proj ? (*v_proj)(vb) : vb;
+  if (q_proj) {
     const Linear& k_lin = k_proj ? *k_proj : *q_proj;
-    q = (*q_proj)(qb), k = k_lin(kb), v = (*v_proj)(vb);
+    q = (*q_proj)(qb), k = k_lin(kb);
   }
   if (symmetric) k = keys_of(k);
   if (decoding) return attend_cached(q, k, v, mask, *cache, query.dim() == 2);

@@ -17,7 +17,10 @@ namespace qkv::nn {
 // for a fixed sign vector s (per head: the first ⌈d_head/2⌉ entries +1, the rest −1), so scores
 // are symmetric but indefinite, the control that separates symmetry from positive definiteness.
 enum class QK { untied, tied, symmetric };
-enum class Projection { learned, frozen, identity };  // of q, k and v; out_proj is always learned
+// Of q, k and v (out_proj is always learned). identity: none of the three, each head reads its own
+// slice of the stream as its query, key and value. identity_qk: W_q = W_k = I on the head's slice,
+// and a learned W_v: the QK side of identity alone, the control that leaves the values trainable.
+enum class Projection { learned, frozen, identity, identity_qk };
 
 struct MultiHeadAttentionOptions {
   std::size_t d_model = 0;

@@ -37,7 +37,8 @@ const char* name_of(Readout r) { return r == Readout::pointer ? "pointer" : "tok
 const char* name_of(QK qk) { return qk == QK::tied ? "tied" : qk == QK::symmetric ? "symmetric" : "untied"; }
 const char* name_of(Positions p) { return p == Positions::learned ? "learned" : "sinusoidal"; }
 const char* name_of(Projection p) {
-  return p == Projection::learned ? "learned" : p == Projection::frozen ? "frozen" : "identity";
+  return p == Projection::learned ? "learned" : p == Projection::frozen ? "frozen" : p == Projection::identity ? "identity"
+                                                                                                             : "identity-qk";
 }
 
 void check(const TransformerConfig& c) {
@@ -61,22 +62,28 @@ void check(const TransformerConfig& c) {
     config_error("d_head", "is {}: symmetric q and k need d_head of at least 2 (one +1 and one −1 sign)", head_dim(c));
   if (c.qk != QK::untied && shared_kv)
     config_error("kv_heads", "is {}: {} q and k need as many kv heads as heads ({})", c.kv_heads, name_of(c.qk), c.heads);
-  if (c.proj == Projection::identity && shared_kv)
+  const bool fixed_qk = c.proj == Projection::identity || c.proj == Projection::identity_qk;
+  if (fixed_qk && shared_kv)
     config_error("kv_heads", "is {}: identity projections need as many kv heads as heads ({})", c.kv_heads, c.heads);
-  if (c.proj == Projection::identity && c.d_head != 0 && c.d_head * c.heads != c.d_model)
+  if (fixed_qk && c.d_head != 0 && c.d_head * c.heads != c.d_model)
     config_error("d_head", "is {}: identity projections need d_head · heads = d_model ({} · {} ≠ {})", c.d_head,
                  c.d_head, c.heads, c.d_model);
 }
 
 std::size_t head_dim(const TransformerConfig& c) { return c.d_head ? c.d_head : c.d_model / c.heads; }
 
-bool symmetric_scores(const TransformerConfig& c) { return c.qk != QK::untied || c.proj == Projection::identity; }
+bool symmetric_scores(const TransformerConfig& c) {
+  return c.qk != QK::untied || c.proj == Projection::identity || c.proj == Projection::identity_qk;
+}
 
 double parameter_count(const TransformerConfig& c) {
   const double D = double(c.d_model), H = double(c.heads), Hkv = double(c.kv_heads ? c.kv_heads : c.heads);
   const double dh = double(head_dim(c));
   // q, k and v: each a (heads · d_head, D) weight and its bias; tied k is q; identity has none.
-  const double qkv_heads = c.proj == Projection::identity ? 0 : c.qk != QK::untied ? H + Hkv : H + 2 * Hkv;
+  const double qkv_heads = c.proj == Projection::identity      ? 0
+                           : c.proj == Projection::identity_qk ? Hkv
+                           : c.qk != QK::untied                ? H + Hkv
+                                                               : H + 2 * Hkv;
   const double attention = qkv_heads * dh * (D + 1) + H * dh * D + D;
   const double mlp = c.mlp ? 2 * D + 4 * D * (D + 1) + D * (4 * D + 1) : 0;
   const double head = c.readout == Readout::token ? double(c.n_classes) * (D + 1) : 0;

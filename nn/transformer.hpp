@@ -102,7 +102,8 @@ const char* name_of(Projection proj);
 const char* name_of(Positions positions);
 inline constexpr Readout all_readouts[] = {Readout::token, Readout::pointer};
 inline constexpr QK all_qk[] = {QK::untied, QK::tied, QK::symmetric};
-inline constexpr Projection all_projections[] = {Projection::learned, Projection::frozen, Projection::identity};
+inline constexpr Projection all_projections[] = {Projection::learned, Projection::frozen, Projection::identity,
+                                                 Projection::identity_qk};
 inline constexpr Positions all_positions[] = {Positions::learned, Positions::sinusoidal};
 template <class E, std::size_t N>
 std::optional<E> from_name(const E (&values)[N], std::string_view name) {

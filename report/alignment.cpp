@@ -29,8 +29,7 @@ std::string config_text(const nn::EncoderDecoderConfig& c) {
                      c.encoder_layers == 1 ? "" : "s", c.decoder_layers, c.decoder_layers == 1 ? "" : "s", c.heads,
                      c.heads == 1 ? "" : "s", c.d_model, c.mlp ? ", MLPs" : "",
                      c.qk == nn::QK::tied ? ", W_k = W_q" : "",
-                     c.proj == nn::Projection::identity ? ", identity projections"
-                     : c.proj == nn::Projection::frozen ? ", frozen projections" : "");
+                     projection_text(c.proj));
 }
 
 // The cross-attention picture of a head, the true alignment outlined.

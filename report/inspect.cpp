@@ -21,6 +21,16 @@ using namespace tasks;
 
 using namespace analysis;
 
+std::string projection_text(nn::Projection proj) {
+  switch (proj) {
+    case nn::Projection::identity: return ", identity projections";
+    case nn::Projection::identity_qk: return ", W_q = W_k = I";
+    case nn::Projection::frozen: return ", frozen projections";
+    case nn::Projection::learned: break;
+  }
+  return "";
+}
+
 nlohmann::json matrix_json(const Array<double>& a) {
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < a.shape()[0]; ++i) {
@@ -240,8 +250,7 @@ nlohmann::json to_json(const Inspection& in) {
           {"config", {{"layers", c.layers}, {"heads", in.layers.empty() ? 0 : in.layers[0].size()},
                       {"d_model", c.d_model}, {"d_head", in.layers.empty() ? 0 : in.layers[0][0].shapes[0][1]},
                       {"causal", layer_masks(c)}, {"qk", nn::name_of(c.qk)},
-                      {"proj", c.proj == nn::Projection::learned ? "learned"
-                               : c.proj == nn::Projection::frozen ? "frozen" : "identity"}}},
+                      {"proj", nn::name_of(c.proj)}}},
           {"layers", layers},
           {"input", input},
           {"composition", composition}};
@@ -254,8 +263,7 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
   out << bold(fmt::format("qkv inspect {}: {}, {} layer{} × {} head{}, d_model {}, d_head {}, {}{}{}", in.dir, in.task,
                           c.layers, c.layers == 1 ? "" : "s", c.heads, c.heads == 1 ? "" : "s", c.d_model, d_head,
                           masks_text(c), c.qk == nn::QK::tied ? ", W_k = W_q" : c.qk == nn::QK::symmetric ? ", W_k = W_q diag(s)" : "",
-                          c.proj == nn::Projection::identity ? ", identity projections"
-                          : c.proj == nn::Projection::frozen ? ", frozen projections" : ""))
+                          projection_text(c.proj)))
       << "\n";
   std::string text;
   for (std::size_t i = 0; i < in.input_names.size(); ++i) text += (i ? " " : "") + in.input_names[i];

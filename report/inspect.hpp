@@ -18,6 +18,8 @@ using analysis::TrainingHistory;
 
 // A matrix as rows of numbers, null where not finite (masked).
 nlohmann::json matrix_json(const Array<double>& a);
+// How a report's title names the projections ("" for learned ones): ", identity projections".
+std::string projection_text(nn::Projection proj);
 // A self-contained HTML page's beginning, up to and with <body>: its title and style.
 std::string page_start(const std::string& title);
 

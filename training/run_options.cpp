@@ -103,7 +103,7 @@ const std::vector<RunOption>& run_option_table() {
       count("kv-heads", 1, max_width, "Key/value heads (GQA/MQA; default: heads)"),
       choice("qk", nn::names_of(nn::all_qk),
              "untied, tied (k = q: scores a Gram matrix) or symmetric (k = q ⊙ s: symmetric, indefinite)"),
-      choice("proj", nn::names_of(nn::all_projections), "learned, frozen or identity"),
+      choice("proj", nn::names_of(nn::all_projections), "learned, frozen, identity (no W_q, W_k, W_v) or identity-qk (W_q = W_k = I, W_v learned)"),
       flag("no-scale", "Scores without the 1/sqrt(d_head) factor"),
       flag("mlp", "A LayerNorm + MLP (d_model -> 4 d_model -> d_model, GELU) after each attention"),
       choice("embeddings", {"learned", "frozen"}, "learned, or frozen: embeddings and LayerNorms keep their init"),

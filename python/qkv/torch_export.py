@@ -26,17 +26,18 @@ class Attention(torch.nn.Module):
     """Multi-head attention as qkv's MultiHeadAttention computes it: q, k and v projections (k is
     q's for tied and symmetric heads, where symmetric keys are q ⊙ s, s = +1 on the first half of
     each head's dimensions and −1 on the rest; none of the three for identity heads), GQA/MQA by
-    kv heads shared among groups of query heads, scores scaled by 1/√d_head unless `scale` is off,
+    kv heads shared among groups of query heads (identity-qk: q and k are the stream, v learned), scores scaled by 1/√d_head unless `scale` is off,
     then softmax and out_proj."""
 
     def __init__(self, d_model, heads, d_head, kv_heads, qk, proj, scale):
         super().__init__()
         self.heads, self.kv_heads, self.d_head, self.qk, self.proj = heads, kv_heads, d_head, qk, proj
         self.scale = 1 / math.sqrt(d_head) if scale else 1.0
-        if proj != "identity":
+        if proj not in ("identity", "identity-qk"):
             self.q_proj = torch.nn.Linear(d_model, heads * d_head)
             if qk == "untied":
                 self.k_proj = torch.nn.Linear(d_model, kv_heads * d_head)
+        if proj != "identity":
             self.v_proj = torch.nn.Linear(d_model, kv_heads * d_head)
             if proj == "frozen":
                 for layer in (self.q_proj, getattr(self, "k_proj", None), self.v_proj):
@@ -48,8 +49,9 @@ class Attention(torch.nn.Module):
 
     def forward(self, query, memory, causal, key_padding=None):
         """query (B, Tq, D) attends memory (B, Tk, D); key_padding (B, Tk), False at padding."""
-        if self.proj == "identity":
-            q, k, v = query, memory, memory
+        if self.proj in ("identity", "identity-qk"):
+            q, k = query, memory
+            v = memory if self.proj == "identity" else self.v_proj(memory)
         else:
             q = self.q_proj(query)
             k = (self.k_proj if self.qk == "untied" else self.q_proj)(memory)
@@ -66,7 +68,9 @@ class Attention(torch.nn.Module):
             scores = scores.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         if key_padding is not None:
             scores = scores.masked_fill(~key_padding[:, None, None, :], float("-inf"))
-        pattern = torch.softmax(scores, -1).nan_to_num(0.0)  # a query with no key to attend gets zeros, as in qkv
+        # A query with no key to attend (every key padding) gets zeros, forward and backward, as in qkv.
+        dead = torch.isneginf(scores).all(-1, keepdim=True)
+        pattern = torch.softmax(scores.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
         z = (pattern @ v).transpose(1, 2).reshape(B, Tq, -1)
         return self.out_proj(z), scores
 
@@ -137,9 +141,13 @@ class Transformer(torch.nn.Module):
         return self.pos.weight[:T] if hasattr(self, "pos") else self.sinusoids[:T].to(self.tok.weight.dtype)
 
     def forward(self, tokens, key_padding=None):
+        """tokens (B, T) or (T); key_padding (B, T), False at padding, masks those keys in every
+        layer, as qkv's Transformer.forward does with one."""
         tokens = torch.as_tensor(tokens)
         if tokens.dim() == 1:
             tokens = tokens[None]
+        if key_padding is not None:
+            key_padding = torch.as_tensor(key_padding, dtype=torch.bool)
         x = self.tok(tokens) + self.positions(tokens.shape[1])
         scores = None
         for block, causal in zip(self.blocks, self.causal):
@@ -186,6 +194,8 @@ class EncoderDecoder(torch.nn.Module):
         return table(ids) + positions
 
     def encode(self, source, source_padding=None):
+        if source_padding is not None:
+            source_padding = torch.as_tensor(source_padding, dtype=torch.bool)
         x = self.embed("src", torch.as_tensor(source))
         for block in self.encoder.blocks:
             x = block(x, False, source_padding)[0]

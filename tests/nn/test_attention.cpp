@@ -28,6 +28,11 @@ Tensor random_input(const Shape& shape, std::uint64_t seed) {
 
 Array<double> transposed(const Array<double>& a) { return xt::transpose(a); }
 
+// Scores (B, H, T, T) with each head's matrix transposed.
+Array<double> transposed_scores(const Tensor& scores) {
+  return xt::transpose(scores.value<double>(), {0, 1, 3, 2});
+}
+
 }  // namespace
 
 TEST_CASE("seed worked example: one head with the seed's W^Q, W^K, W^V on x1") {
@@ -246,6 +251,47 @@ TEST_CASE("identity heads read their own slice of the stream") {
   CHECK(mha.named_parameters().size() == 2);  // out_proj only
 }
 
+TEST_CASE("identity-qk heads score with their own slice of the stream and read learned values") {
+  MultiHeadAttentionOptions o = options(4, 2);
+  o.proj = Projection::identity_qk;
+  MultiHeadAttention mha(o);
+  std::vector<std::string> names;
+  for (const auto& [name, p] : mha.state_dict()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"v_proj.weight", "v_proj.bias", "out_proj.weight", "out_proj.bias"});
+  check_close(mha.W_k(1), {{0, 0}, {0, 0}, {1, 0}, {0, 1}});
+  // By hand: head h's scores are x_h x_hᵀ / √2 (x_h its two columns), its values x W_vᵀ + b_v.
+  const Tensor x = random_input({1, 3, 4}, 8);
+  const Array<double> xs = x.value<double>(), wv = mha.v_proj->weight.value<double>(), bv = mha.v_proj->bias.value<double>();
+  const Array<double> wo = mha.out_proj->weight.value<double>(), bo = mha.out_proj->bias.value<double>();
+  Array<double> v = xt::zeros<double>({3, 4}), z = xt::zeros<double>({3, 4}), expected = xt::zeros<double>({1, 3, 4});
+  for (std::size_t t = 0; t < 3; ++t)
+    for (std::size_t o2 = 0; o2 < 4; ++o2) {
+      v(t, o2) = bv(o2);
+      for (std::size_t i = 0; i < 4; ++i) v(t, o2) += xs(0, t, i) * wv(o2, i);
+    }
+  for (std::size_t h = 0; h < 2; ++h)
+    for (std::size_t i = 0; i < 3; ++i) {
+      double s[3], total = 0;
+      for (std::size_t j = 0; j < 3; ++j) {
+        s[j] = (xs(0, i, 2 * h) * xs(0, j, 2 * h) + xs(0, i, 2 * h + 1) * xs(0, j, 2 * h + 1)) / std::sqrt(2.0);
+        total += std::exp(s[j]);
+      }
+      for (std::size_t j = 0; j < 3; ++j)
+        for (std::size_t d = 0; d < 2; ++d) z(i, 2 * h + d) += std::exp(s[j]) / total * v(j, 2 * h + d);
+    }
+  for (std::size_t t = 0; t < 3; ++t)
+    for (std::size_t o2 = 0; o2 < 4; ++o2) {
+      expected(0, t, o2) = bo(o2);
+      for (std::size_t i = 0; i < 4; ++i) expected(0, t, o2) += z(t, i) * wo(o2, i);
+    }
+  check_close(mha.forward(x).output, expected, 1e-12);
+  const AttentionResult r = mha.forward(x, {}, true);
+  check_close(r.scores, transposed_scores(r.scores), 1e-12);  // symmetric: x_h x_hᵀ
+  o.d_head = 3;
+  CHECK(invalid_argument_message([&] { MultiHeadAttention m(o); }) ==
+        "MultiHeadAttention: proj=identity-qk needs d_head·n_heads = d_model, got 3·2 = 6 and d_model 4");
+}
+
 TEST_CASE("bad configurations and inputs name the option and its values") {
   auto o = options(10, 4);
   CHECK(invalid_argument_message([&] { MultiHeadAttention m(o); }) ==
@@ -401,7 +447,8 @@ TEST_CASE("a step with a KV cache and gradients on passes them to its new positi
 
 TEST_CASE("decoding with weights or hooks, op by op, and without, in the fused kernel, agree and fill the same cache") {
   for (const auto& [qk, proj, kv_heads] : {std::tuple{QK::untied, Projection::learned, 2}, {QK::tied, Projection::learned, 4},
-                                           {QK::symmetric, Projection::learned, 4}, {QK::untied, Projection::identity, 4}}) {
+                                           {QK::symmetric, Projection::learned, 4}, {QK::untied, Projection::identity, 4},
+                                           {QK::untied, Projection::identity_qk, 4}}) {
     INFO("qk " << int(qk) << ", proj " << int(proj));
     auto o = options(8, 4, std::size_t(kv_heads));
     o.qk = qk;

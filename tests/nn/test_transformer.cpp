@@ -80,6 +80,7 @@ TEST_CASE("parameter_count equals the parameters a model of the config builds") 
       with([](auto& c) { c.mlp = true; }),
       with([](auto& c) { c.qk = nn::QK::tied; }),
       with([](auto& c) { c.proj = nn::Projection::identity; }),
+      with([](auto& c) { c.proj = nn::Projection::identity_qk; }),
       with([](auto& c) { c.proj = nn::Projection::frozen; }),
       with([](auto& c) { c.heads = 4; c.kv_heads = 2; }),
       with([](auto& c) { c.heads = 4; c.kv_heads = 1; c.d_head = 3; }),

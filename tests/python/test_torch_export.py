@@ -13,6 +13,7 @@ CONFIGS = {
     "tied": {"qk": "tied"},
     "symmetric, d_head 3": {"qk": "symmetric", "d_head": 3},
     "identity, pointer": {"proj": "identity", "readout": "pointer", "n_classes": 0},
+    "identity-qk, symmetric": {"proj": "identity-qk", "qk": "symmetric"},
     "frozen projections and embeddings": {"proj": "frozen", "embeddings": "frozen"},
     "gqa with an mlp": {"heads": 4, "kv_heads": 2, "mlp": True},
     "mqa, unscaled, sinusoids": {"heads": 4, "kv_heads": 1, "scale": False, "positions": "sinusoidal"},
@@ -116,3 +117,14 @@ def test_an_encoder_decoder_becomes_a_module_with_its_logits(tmp_path):
 def test_to_torch_takes_qkv_models_only():
     with pytest.raises(TypeError, match="to_torch: a qkv.Transformer or qkv.EncoderDecoder, not dict"):
         qkv.to_torch({})
+
+
+def test_a_source_all_padding_gives_zeros_and_finite_gradients_in_both(tmp_path):
+    model = qkv.EncoderDecoder({"src_vocab": 5, "tgt_vocab": 6, "max_src_len": 4, "max_tgt_len": 3}, seed=1)
+    module = qkv.to_torch(model)
+    source, tokens = np.array([[1, 2, 3, 4], [1, 1, 1, 1]]), np.array([[0, 1, 2], [0, 1, 2]])
+    padding = np.array([[True, True, False, True], [False, False, False, False]])  # the second row: none attended
+    out = module(source, tokens, padding)
+    agree(model(source, tokens, padding), out)
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
