@@ -14,7 +14,10 @@
 
 #include <complex>
 #include <cstdint>
+#include <iostream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <streambuf>
@@ -111,17 +114,32 @@ Tensor to_tensor(const py::array& array, const char* what) {
   throw std::invalid_argument(fmt::format("{}: an array of float32 or float64, not {}", what, py::str(py::object(dtype)).cast<std::string>()));
 }
 
-// Token ids, (T) or (B, T), as the model's (B, T) input; a ValueError for other shapes or dtypes.
-IndexArray to_tokens(const py::handle& given) {
+// Integers (an array or a list) of 1 or 2 dimensions as int64 rows (B, T), a 1-d one as one row,
+// with the dimensions they had; none for anything else.
+std::optional<std::pair<IndexArray, std::size_t>> integer_rows(const py::handle& given) {
   const py::array array = py::array::ensure(given);
-  if (!array || (array.dtype().kind() != 'i' && array.dtype().kind() != 'u'))
-    throw std::invalid_argument("tokens: an array (or list) of integer token ids, (T) or (B, T)");
+  if (!array || (array.dtype().kind() != 'i' && array.dtype().kind() != 'u') || (array.ndim() != 1 && array.ndim() != 2))
+    return std::nullopt;
   const auto ids = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(array);
-  if (ids.ndim() != 1 && ids.ndim() != 2)
-    throw std::invalid_argument(fmt::format("tokens: shape of {} dimensions; (T) or (B, T)", ids.ndim()));
   const std::size_t B = ids.ndim() == 2 ? std::size_t(ids.shape(0)) : 1, T = std::size_t(ids.shape(ids.ndim() - 1));
   IndexArray out = IndexArray::from_shape({B, T});
   std::copy_n(ids.data(), ids.size(), out.data());
+  return std::pair{std::move(out), std::size_t(ids.ndim())};
+}
+
+// Token ids, (T) or (B, T), as the model's (B, T) input; a ValueError for other shapes or dtypes.
+IndexArray to_tokens(const py::handle& given) {
+  auto rows = integer_rows(given);
+  if (!rows) throw std::invalid_argument("tokens: an array (or list) of integer token ids, (T) or (B, T)");
+  return std::move(rows->first);
+}
+
+// Booleans (B, S) or (T, T) as a mask; a ValueError naming `what` for anything else.
+MaskArray bool_matrix(const py::handle& given, const char* what) {
+  const auto values = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(given);
+  if (!values || values.ndim() != 2) throw std::invalid_argument(fmt::format("{}: a 2-d array of booleans", what));
+  MaskArray out = MaskArray::from_shape({std::size_t(values.shape(0)), std::size_t(values.shape(1))});
+  std::copy_n(values.data(), values.size(), out.data());
   return out;
 }
 
@@ -216,7 +234,7 @@ class PythonTask : public tasks::Task {
     if (py::hasattr(t, "max_len")) {
       info_.max_len = count(t, "max_len", 1, tasks::max_width);
     } else {  // the longest of a probe batch's rows: every batch is then checked against it
-      info_.max_len = std::size_t(call_sample(64, 0)["tokens"].cast<py::array>().shape(1));
+      info_.max_len = ids(call_sample(64, 0), "tokens", "sample(64, 0)").shape()[1];
     }
   }
 
@@ -255,6 +273,10 @@ class PythonTask : public tasks::Task {
                p, pointer ? (info_.causal ? "a causal pointer target is a position up to its own," : "a pointer target is a position")
                           : "a target is a class",
                limit - 1);
+        if (pointer && info_.pad && b.tokens(r, std::size_t(target)) == *info_.pad)
+          fail("{} returned target {} at row {}, position {}, which holds the padding token {}: a target is a "
+               "real token (bidirectional layers mask the padding)",
+               call, target, r, p, *info_.pad);
       }
     return b;
   }
@@ -291,12 +313,14 @@ class PythonTask : public tasks::Task {
     return t.attr(name);
   }
 
+  // A whole number (a Python or numpy integer, not a bool) in [lo, hi].
   std::size_t count(const py::object& t, const char* name, std::size_t lo, std::size_t hi) const {
     const py::object v = field(t, name);
-    if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v) || v.cast<py::int_>() < py::int_(lo) ||
-        v.cast<py::int_>() > py::int_(hi))
+    const py::object whole = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+    if (!whole) PyErr_Clear();
+    if (!whole || py::isinstance<py::bool_>(v) || whole < py::int_(lo) || whole > py::int_(hi))
       fail("{} is {}; a whole number {}-{}", name, std::string(py::repr(v)), lo, hi);
-    return v.cast<std::size_t>();
+    return whole.cast<std::size_t>();
   }
 
   py::dict call_sample(std::size_t batch, std::uint64_t seed) const {
@@ -308,13 +332,9 @@ class PythonTask : public tasks::Task {
   }
 
   IndexArray ids(const py::dict& drawn, const char* key, const std::string& call) const {
-    const py::array array = py::array::ensure(drawn[key]);
-    if (!array || array.ndim() != 2 || (array.dtype().kind() != 'i' && array.dtype().kind() != 'u'))
-      fail("{} returned \"{}\" that are not a 2-d array of integers (B, T)", call, key);
-    const auto values = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(array);
-    IndexArray out = IndexArray::from_shape({std::size_t(values.shape(0)), std::size_t(values.shape(1))});
-    std::copy_n(values.data(), values.size(), out.data());
-    return out;
+    auto rows = integer_rows(drawn[key]);
+    if (!rows || rows->second != 2) fail("{} returned \"{}\" that are not a 2-d array of integers (B, T)", call, key);
+    return std::move(rows->first);
   }
 
   std::shared_ptr<py::object> task_;
@@ -328,8 +348,15 @@ std::set<std::string>& python_task_names() {
   return names;
 }
 
+// What a registration of a task written in Python read: the object and its facts. The same
+// object with the same facts is not registered again (the registry keeps every registration).
+struct Registered {
+  PyObject* task;
+  std::string facts;
+};
+
 // Registers a task written in Python under its `name` (or its class's), checked by building it
-// once; returns the name.
+// once and drawing a batch; returns the name.
 std::string register_python_task(const py::object& task) {
   const std::string name = attribute(task, "name", task.get_type().attr("__name__")).cast<std::string>();
   const std::shared_ptr<py::object> held = hold(task);
@@ -339,30 +366,69 @@ std::string register_python_task(const py::object& task) {
     const py::gil_scoped_release free;  // as training calls it
     first.sample(2, gen);
   }
+  const double target = attribute(task, "target", py::float_(0.99)).cast<double>();
+  if (!(target > 0 && target <= 1)) throw std::invalid_argument(fmt::format("task '{}': target is {}; a share in (0, 1]", name, target));
+  const tasks::TaskInfo& i = first.info();
+  const std::string facts = fmt::format("{} {} {} {} {} {} {} {}", i.vocab_size, int(i.readout), i.n_classes, i.max_len,
+                                        i.causal, i.pad.value_or(-1), target, i.description);
+  static std::map<std::string, Registered> registered;
+  if (const auto it = registered.find(name); it != registered.end() && it->second.task == task.ptr() && it->second.facts == facts)
+    return name;
   tasks::register_task({.name = name,
                         .make = [held, info = first.info()](std::size_t) { return std::make_unique<PythonTask>(held, info); },
-                        .target = attribute(task, "target", py::float_(0.99)).cast<double>()});
+                        .target = target});
+  registered[name] = {task.ptr(), facts};  // held by the registry: the address stays its
   python_task_names().insert(name);
   return name;
 }
 
-// While it lives, SIGINT and SIGTERM stop a run as they stop `qkv train` (a checkpoint of the step,
-// then training::Interrupted, which arrives as KeyboardInterrupt); then Python's handlers again.
-class StopOnSignals {
+// What a call that trains holds while it runs (qkv.train, qkv.sweep): the process's one training
+// slot (the stop flag, the signal handlers and the thread count are the process's: a second call
+// from another thread is a RuntimeError), the thread count it asks for, and qkv's handlers of SIGINT
+// and SIGTERM in place of Python's, so that they stop a run as they stop `qkv train` (a checkpoint
+// of the step, then training::Interrupted, which arrives as KeyboardInterrupt). Progress goes to
+// sys.stderr, or for a sweep's worker processes to the process's stderr (a forked child must not
+// call Python). A signal that came too late to stop anything (in a run's last step) is raised
+// again once Python's handlers are back, as if it came then.
+class Running {
  public:
-  StopOnSignals() {
+  Running(std::size_t threads, bool to_python) : lock_(slot(), std::try_to_lock), threads_(get_num_threads()) {
+    if (!lock_.owns_lock()) {
+      PyErr_SetString(PyExc_RuntimeError, "qkv: another qkv.train or qkv.sweep is running in this process");
+      throw py::error_already_set();
+    }
+    if (to_python) progress_.rdbuf(&python_);
+    set_num_threads(threads);
     for (int i = 0; i < 2; ++i) sigaction(signals[i], nullptr, &saved_[i]);
     training::stop_on_signals();
   }
-  ~StopOnSignals() {
+  ~Running() {
+    progress_.flush();
     for (int i = 0; i < 2; ++i) sigaction(signals[i], &saved_[i], nullptr);
+    set_num_threads(threads_);
+    if (const int signal = training::take_pending_stop()) ::raise(signal);
   }
-  StopOnSignals(const StopOnSignals&) = delete;
-  StopOnSignals& operator=(const StopOnSignals&) = delete;
+  Running(const Running&) = delete;
+  Running& operator=(const Running&) = delete;
+
+  // f(progress), with the GIL released.
+  template <class F>
+  auto operator()(F&& f) {
+    const py::gil_scoped_release free;
+    return f(progress_);
+  }
 
  private:
+  static std::mutex& slot() {
+    static std::mutex m;
+    return m;
+  }
   static constexpr int signals[2] = {SIGINT, SIGTERM};
+  std::unique_lock<std::mutex> lock_;
+  std::size_t threads_;
   struct sigaction saved_[2] {};
+  PythonStderr python_;
+  std::ostream progress_{std::cerr.rdbuf()};
 };
 
 // qkv.train(task, out=None, force=False, resume=False, threads=1, **options): `qkv train TASK` with
@@ -392,26 +458,14 @@ py::object train(const py::object& task, const py::object& out, bool force, bool
     o.force = force;
   }
   // As the run started (a resume), unless asked otherwise; a new run: one thread, as the program's.
-  const std::size_t before = get_num_threads();
-  set_num_threads(threads.is_none() ? (resume ? o.threads : 1) : threads.cast<std::size_t>());
-  PythonStderr buffer;
-  std::ostream progress(&buffer);
-  training::TrainResult r;
+  Running running(threads.is_none() ? (resume ? o.threads : 1) : threads.cast<std::size_t>(), true);
   try {
-    const StopOnSignals stop;
-    const py::gil_scoped_release free;
-    r = training::train(o, progress, false);
+    const training::TrainResult r = running([&](std::ostream& progress) { return training::train(o, progress, false); });
+    return python_of(training::result_json(o, r));
   } catch (const training::OptionError& e) {
-    set_num_threads(before);
     const std::string option = training::option_of_field(e.field);
     throw std::invalid_argument(fmt::format("train: '{}' {}", option.empty() ? e.field : option, e.what()));
-  } catch (...) {
-    set_num_threads(before);
-    throw;
   }
-  set_num_threads(before);
-  progress.flush();
-  return python_of(training::result_json(o, r));
 }
 
 
@@ -452,15 +506,13 @@ py::object run_sweep(const py::object& spec, const std::string& out, std::size_t
       throw std::invalid_argument(fmt::format("sweep: the {} task is written in Python: its runs take this process "
                                               "(jobs=1)",
                                               run.task));
-  PythonStderr buffer;
-  std::ostream progress(&buffer);
   sweep::WorkerReport report;
   {
-    const StopOnSignals stop;
-    const py::gil_scoped_release free;
-    report = sweep::run_workers(plan, {.out = out, .jobs = jobs, .index = index, .of = of}, progress);
+    Running running(get_num_threads(), jobs == 1);
+    report = running([&](std::ostream& progress) {
+      return sweep::run_workers(plan, {.out = out, .jobs = jobs, .index = index, .of = of}, progress);
+    });
   }
-  progress.flush();
   if (report.failed)
     PyErr_WarnEx(PyExc_RuntimeWarning,
                  fmt::format("sweep: {} runs failed; their errors are in the results' \"error\"", report.failed).c_str(), 1);
@@ -561,12 +613,7 @@ auto config_over(nlohmann::json defaults, const py::dict& config, Read read) {
 
 // A source padding mask as the encoder takes it: None, or booleans (B, S), False at padding.
 MaskArray padding_of(const py::object& mask) {
-  if (mask.is_none()) return MaskArray();
-  const auto values = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(mask);
-  if (!values || values.ndim() != 2) throw std::invalid_argument("source_padding: booleans (B, S), False at padding");
-  MaskArray out = MaskArray::from_shape({std::size_t(values.shape(0)), std::size_t(values.shape(1))});
-  std::copy_n(values.data(), values.size(), out.data());
-  return out;
+  return mask.is_none() ? MaskArray() : bool_matrix(mask, "source_padding: (B, S), False at padding");
 }
 
 // What both models' classes have from Module: parameters and hook points by name.
@@ -883,20 +930,16 @@ PYBIND11_MODULE(_qkv, m) {
       "score_asymmetry",
       [](const py::array& scores, const py::object& allowed) -> py::object {
         const Array<double> s = to_tensor(scores, "score_asymmetry").to(DType::float64).value<double>();
-        MaskArray mask = xt::ones<bool>(s.shape());
-        if (!allowed.is_none()) {
-          const auto values = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(allowed);
-          if (!values || values.ndim() != 2) throw std::invalid_argument("score_asymmetry: allowed is booleans (T, T)");
-          mask = MaskArray::from_shape({std::size_t(values.shape(0)), std::size_t(values.shape(1))});
-          std::copy_n(values.data(), values.size(), mask.data());
-        }
+        // By default the scores that count: a masked one is −inf.
+        const MaskArray mask = allowed.is_none() ? MaskArray(xt::isfinite(s)) : bool_matrix(allowed, "score_asymmetry: allowed");
         const std::optional<double> a = nn::softmax_invariant_asymmetry(s, mask);
         return a ? py::object(py::float_(*a)) : py::none();
       },
       py::arg("scores"), py::arg("allowed") = py::none(),
       "The asymmetry of one head's pre-softmax scores (T, T) that softmax can see: what of S − Sᵀ no per-query "
       "constant cancels, relative to ‖S‖ with rows centred, over the pairs that see each other both ways "
-      "(allowed: booleans (T, T), true where query i may attend key j; none: all). None where no pair does");
+      "(allowed: booleans (T, T), true where query i may attend key j; none: where the scores are finite). None where "
+      "no pair does");
   m.def(
       "spectrum",
       [](const py::array& a) {

@@ -55,6 +55,61 @@ void init_attention(Json& run, nn::Transformer& m, const Task& task, const Seque
   run["grad_norm_init"] = std::sqrt(grad);
 }
 
+// At the end, on the held-out sequences: how much each query attends its own position (the mean
+// weight on it, and the share of queries whose largest weight it is, over every head and every
+// query with another key to choose), and how much the queries' lengths |q_i| differ (their sd over
+// their mean, per head and sequence, averaged). Tied and identity heads score a Gram matrix, where
+// a query at least as long as another position's scores itself at least as high as that position.
+void self_attention(Json& run, const nn::Transformer& m, const Task&, const Sequences& inputs) {
+  NoGradGuard no_grad;
+  double weight = 0, top = 0, spread = 0;
+  std::size_t queries = 0, heads = 0;
+  for (const auto& input : inputs) {
+    const nn::TransformerOutput f = m.forward(tasks::one_row(input), true);
+    for (std::size_t l = 0; l < m.blocks.size(); ++l) {
+      const nn::MultiHeadAttention& attn = m.blocks[l]->attn;
+      const Array<double> w = f.attention[l].weights.to(DType::float64).value<double>();  // (1, H, T, T)
+      const Array<double> x = f.inputs[l].to(DType::float64).value<double>();             // (1, T, D)
+      const std::size_t H = w.shape()[1], T = w.shape()[2], D = x.shape()[2];
+      for (std::size_t h = 0; h < H; ++h) {
+        for (std::size_t i = 0; i < T; ++i) {
+          std::size_t others = 0, best = 0;
+          for (std::size_t j = 0; j < T; ++j) {
+            others += j != i && w(0, h, i, j) > 0;
+            if (w(0, h, i, j) > w(0, h, i, best)) best = j;
+          }
+          if (others == 0) continue;  // the first query of a causal layer sees itself alone
+          weight += w(0, h, i, i);
+          top += best == i;
+          ++queries;
+        }
+        // |q_i| = |x_i W_q(h) + b_q(h)|
+        const Array<double> wq = attn.W_q(h).to(DType::float64).value<double>();  // (D, d_head)
+        const std::size_t dh = wq.shape()[1];
+        Array<double> bias = xt::zeros<double>({dh});
+        if (attn.q_proj && attn.q_proj->bias.defined())
+          for (std::size_t d = 0; d < dh; ++d) bias(d) = attn.q_proj->bias.to(DType::float64).value<double>()(h * dh + d);
+        double sum = 0, squares = 0;
+        for (std::size_t i = 0; i < T; ++i) {
+          double length = 0;
+          for (std::size_t d = 0; d < dh; ++d) {
+            double q = bias(d);
+            for (std::size_t e = 0; e < D; ++e) q += x(0, i, e) * wq(e, d);
+            length += q * q;
+          }
+          length = std::sqrt(length);
+          sum += length, squares += length * length;
+        }
+        const double mean = sum / double(T), var = std::max(0.0, squares / double(T) - mean * mean);
+        if (mean > 0) spread += std::sqrt(var) / mean, ++heads;
+      }
+    }
+  }
+  run["self_weight"] = queries ? weight / double(queries) : 0.0;
+  run["self_top"] = queries ? top / double(queries) : 0.0;
+  run["query_length_cv"] = heads ? spread / double(heads) : 0.0;
+}
+
 // Bytes the KV caches of all layers hold per token of one sequence, measured on a real cache.
 std::size_t kv_cache_bytes_per_token(const nn::Transformer& m, const std::vector<std::int64_t>& input) {
   NoGradGuard no_grad;
@@ -95,6 +150,13 @@ const std::vector<Measurement>& measurement_registry() {
                   .at_end = [](Json& run, const nn::Transformer& trained, const Task&, const Sequences& sequences) {
                     run["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(trained, sequences.front());
                   }}},
+      {.name = "self_attention",
+       .help = "at the end: the mean weight each query puts on its own position, the share of queries whose largest "
+               "weight it is, and the spread (sd/mean) of the queries' lengths |q_i|",
+       .columns = {{"self_weight", "weight on self", "{:.3f}"},
+                   {"self_top", "self the top key", "{:.3f}"},
+                   {"query_length_cv", "|q| sd/mean", "{:.3f}"}},
+       .extras = {.at_init = {}, .at_end = self_attention}},
       {.name = "longer_lengths",
        .help = "at the end: accuracy on 1,024 held-out sequences of each range of lengths longer than the task trains on",
        .columns = longer_columns(),

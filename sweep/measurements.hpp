@@ -4,6 +4,8 @@
 //   init_attention  at init: the mean entropy and largest weight of the attention rows, and
 //                   ‖∂loss/∂W_q‖ on one training batch (what 1/√d_head does)
 //   kv_cache        at the end: the bytes the KV caches hold per token of a sequence (GQA, MQA)
+//   self_attention  at the end: how much each query attends its own position, and how much the
+//                   queries' lengths |q_i| differ (what a Gram matrix of tied heads favours)
 //   longer_lengths  at the end: accuracy on the task's longer sequences than it trains on
 #include <functional>
 #include <string>

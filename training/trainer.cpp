@@ -262,6 +262,8 @@ void request_stop(int signal) {
 
 int pending_stop() { return stop_signal.load(); }
 
+int take_pending_stop() { return stop_signal.exchange(0); }
+
 void stop_on_signals() {
   struct sigaction action {};
   action.sa_handler = request_stop;

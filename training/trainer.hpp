@@ -33,6 +33,9 @@ void stop_on_signals();
 // The signal that asked the run to stop and has not been answered yet (SIGINT, SIGTERM), or 0:
 // for a program that waits on runs in other processes and passes it on.
 int pending_stop();
+// The same, answered: it is no longer pending (for a caller that passes a stop on once its run has
+// ended, as the Python module hands a Ctrl-C during a run's last step back to Python).
+int take_pending_stop();
 
 struct TrainResult {
   tasks::Metrics eval;  // on held-out sequences

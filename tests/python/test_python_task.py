@@ -161,3 +161,66 @@ def test_a_registered_task_s_runs_are_inspected_and_ablated(tmp_path):
     assert report["task"] == "previous" and len(report["layers"]) == 1
     ablation = qkv.ablate(str(tmp_path / "prev"), n=64)
     assert ablation["task"] == "previous" and len(ablation["heads"]) == 2
+
+
+class Calls(Previous):
+    """Previous, which calls `during(self)` in its `at`-th sample()."""
+    name = "previous-calls"
+
+    def __init__(self, at, during):
+        super().__init__()
+        self.calls, self.at, self.during, self.seen = 0, at, during, None
+
+    def sample(self, batch, seed):
+        self.calls += 1
+        if self.calls == self.at:
+            self.seen = self.during(self)
+        return super().sample(batch, seed)
+
+
+def test_one_training_call_at_a_time_and_a_late_ctrl_c_comes_back_to_python(tmp_path):
+    def train_again(task):
+        try:
+            qkv.train(Previous(), out=str(tmp_path / "inner"), steps=5)
+        except RuntimeError as e:
+            return str(e)
+
+    task = Calls(10, train_again)
+    qkv.train(task, out=str(tmp_path / "outer"), steps=20)
+    assert task.seen == "qkv: another qkv.train or qkv.sweep is running in this process"
+    assert not (tmp_path / "inner").exists()
+    # A Ctrl-C in the last step: the run ends whole, then Python gets its KeyboardInterrupt.
+    late = Calls(2 + 20, lambda t: os.kill(os.getpid(), signal.SIGINT))  # two batches at registration
+    with pytest.raises(KeyboardInterrupt):
+        qkv.train(late, out=str(tmp_path / "late"), steps=20)
+    assert os.readlink(tmp_path / "late" / "checkpoint") == "checkpoint-00000020"
+    # And nothing is left pending: the next run trains.
+    assert qkv.train(Previous(), out=str(tmp_path / "next"), steps=20)["steps"] == 20
+
+
+def test_numpy_integers_are_whole_numbers_and_bad_facts_are_refused(tmp_path):
+    class NumpySized(Previous):
+        name = "numpy-sized"
+        vocab_size = np.int64(16)
+        max_len = np.int32(12)
+
+    assert qkv.train(NumpySized(), out=str(tmp_path / "n"), steps=5)["steps"] == 5
+
+    class BadTarget(Previous):
+        name = "bad-target"
+        target = 1.5
+
+    with pytest.raises(ValueError, match=r"task 'bad-target': target is 1.5; a share in \(0, 1\]"):
+        qkv.train(BadTarget(), out=str(tmp_path / "t"), steps=5)
+
+    class OnPadding(Previous):
+        name = "on-padding"
+        pad = 15
+
+        def sample(self, batch, seed):
+            drawn = super().sample(batch, seed)
+            drawn["tokens"][:, 3] = 15
+            return drawn
+
+    with pytest.raises(ValueError, match="returned target 3 at row 0, position 4, which holds the padding token 15"):
+        qkv.train(OnPadding(), out=str(tmp_path / "p"), steps=5)

@@ -367,3 +367,12 @@ def test_a_token_table_is_the_scores_of_the_embeddings_by_hand(rps_run):
     assert qkv.position_table(model, 0).shape == (H, model.cfg["max_len"], model.cfg["max_len"])
     with pytest.raises(IndexError, match="layer 5: the model has"):
         qkv.token_table(model, 5)
+
+
+def test_score_asymmetry_counts_the_finite_scores_by_default():
+    rng = np.random.default_rng(9)
+    s = rng.standard_normal((5, 5))
+    padded = s.copy()
+    padded[:, 2] = -np.inf  # key 2 is padding: no query sees it
+    kept = np.delete(np.delete(s, 2, 0), 2, 1)
+    assert np.isclose(qkv.score_asymmetry(padded), qkv.score_asymmetry(kept), rtol=1e-12)
