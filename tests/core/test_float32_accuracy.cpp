@@ -1,13 +1,19 @@
 // float32 against float64 on long reductions: qkv's error within twice PyTorch's on the same
-// inputs (tests/fixtures/make_float32_error_reference.py draws them and measured PyTorch).
+// inputs (tests/fixtures/make_float32_error_reference.py draws them and measured PyTorch), up to a
+// whole Transformer at T = 600.
 #include "tests/helpers.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <map>
+#include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "qkv/nn/transformer.hpp"
 
 using namespace qkv;
 using namespace qkv::test;
@@ -55,6 +61,18 @@ double normwise(const Tensor& y32, const A& y64) {
     largest = std::max<long double>(largest, std::fabs((long double)y64.data()[i]));
   }
   return double(error / largest);
+}
+
+// ‖y32 − y64‖ / ‖y64‖: every element's error counts, not the worst one alone.
+double frobenius(const Tensor& y32, const Array<double>& y64) {
+  const Array<double> y = y32.to(DType::float64).value<double>();
+  long double error = 0, norm = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const long double d = (long double)y.data()[i] - y64.data()[i];
+    error += d * d;
+    norm += (long double)y64.data()[i] * y64.data()[i];
+  }
+  return double(std::sqrt(error / norm));
 }
 
 // qkv's error at most twice PyTorch's, or at most `floor`: one rounding of the result itself, which
@@ -184,4 +202,56 @@ TEST_CASE("float32 causal attention over 600 positions is within twice PyTorch's
   check_within_twice_torch(normwise(in32[0].grad(), in64[0].grad().value<double>()), torch_error.at("dq").get<double>(), 0);
   check_within_twice_torch(normwise(in32[1].grad(), in64[1].grad().value<double>()), torch_error.at("dk").get<double>(), 0);
   check_within_twice_torch(normwise(in32[2].grad(), in64[2].grad().value<double>()), torch_error.at("dv").get<double>(), 0);
+}
+
+TEST_CASE("a float32 Transformer at T 600 is within twice PyTorch's error against float64, loss, logits and gradients") {
+  // The fixture's model: every parameter offset + scale · its LCG draws, rounded to float32, and the
+  // float64 model on the same rounded values; so the error is the float32 model's arithmetic alone.
+  const json& c = torch_case("model");
+  const std::size_t B = size(c, "B"), T = size(c, "T");
+  nn::TransformerConfig config = nn::parse_transformer_config(c.at("config").dump(), "float32_error_reference.json");
+  IndexArray tokens = IndexArray::from_shape({B, T}), targets = IndexArray::from_shape({B, T});
+  for (auto [ids, seed] : {std::pair{&tokens, c.at("token_seed")}, {&targets, c.at("target_seed")}}) {
+    std::uint64_t state = seed.get<std::uint64_t>();
+    for (std::int64_t& id : *ids) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      id = std::int64_t((state >> 40) % config.vocab_size);
+    }
+  }
+  std::map<std::string, Array<double>> values;  // each exact in float32
+  for (const json& p : c.at("parameters")) {
+    const Array<double> drawn = draw(p.at("seed"), p.at("shape").get<Shape>(), 0.0);
+    values[p.at("name")] = float32(Array<double>(p.at("offset").get<double>() + p.at("scale").get<double>() * drawn))
+                               .to(DType::float64).value<double>();
+  }
+  struct Run {
+    double loss;
+    Array<double> logits;
+    std::map<std::string, Tensor> grads;
+  };
+  const auto run = [&](DType dtype) {
+    config.dtype = dtype;
+    Generator gen(1);
+    nn::Transformer model(config, gen);
+    StateDict weights;
+    for (const auto& [name, p] : model.state_dict()) weights.emplace_back(name, f64(values.at(name)).to(dtype));
+    REQUIRE(weights.size() == values.size());
+    model.load_state_dict(weights);
+    const nn::TransformerOutput out = model.forward(tokens);
+    const Tensor loss = model.loss(out, targets);
+    loss.backward();
+    Run r{loss.item(), out.logits.to(DType::float64).value<double>(), {}};
+    for (const auto& [name, p] : model.named_parameters()) r.grads.emplace(name, p.grad());
+    return r;
+  };
+  const Run r64 = run(DType::float64), r32 = run(DType::float32);
+  const json& torch_error = c.at("torch_error");
+  check_within_twice_torch(relative(r32.loss, r64.loss), torch_error.at("loss").get<double>(), ulp_of(r64.loss));
+  check_within_twice_torch(frobenius(f64(r32.logits), r64.logits), torch_error.at("logits").get<double>(), 0);
+  // Every gradient but k_proj's bias, which is 0 in exact arithmetic (the fixture leaves it out).
+  CHECK(torch_error.at("grad").size() == r64.grads.size() - config.layers);
+  for (const auto& [name, error] : torch_error.at("grad").items()) {
+    INFO(name);
+    check_within_twice_torch(frobenius(r32.grads.at(name), r64.grads.at(name).value<double>()), error.get<double>(), 0);
+  }
 }
