@@ -128,6 +128,7 @@ std::string curves_chart(const std::string& name, const Json& runs, const std::s
 std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines,
                         bool shared_axis) {
   std::vector<std::string> panels, series;
+  std::vector<bool> grey;                          // per series
   std::vector<double> top_value;                   // per panel
   std::vector<std::vector<std::size_t>> drawn;     // per panel: the series it draws, by index in `series`
   std::size_t last_step = 1;
@@ -139,10 +140,11 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
       for (double v : values)
         if (std::isfinite(v)) top = std::max(top, v), last_step = std::max(last_step, step);
     const std::size_t c = std::size_t(std::find(series.begin(), series.end(), line.series) - series.begin());
-    if (c == series.size()) series.push_back(line.series);
+    if (c == series.size()) series.push_back(line.series), grey.push_back(line.many);
     if (std::find(drawn[panel].begin(), drawn[panel].end(), c) == drawn[panel].end()) drawn[panel].push_back(c);
   }
   if (lines.empty()) return "";
+  const auto colour_of = [&](std::size_t c) { return grey[c] ? "#aaa" : palette[c % std::size(palette)]; };
   // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2; a loss) up to the next half.
   const auto axis_top = [](double top) { return top <= 1 ? 1.0 : std::ceil(top * 2) / 2; };
   if (shared_axis) std::fill(top_value.begin(), top_value.end(), *std::max_element(top_value.begin(), top_value.end()));
@@ -207,7 +209,7 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
     for (const ChartLine& line : lines) {
       if (line.panel != panels[p]) continue;
       const std::size_t c = std::size_t(std::find(series.begin(), series.end(), line.series) - series.begin());
-      const char* colour = palette[c % std::size(palette)];
+      const char* colour = colour_of(c);
       std::string band_top, band_bottom, mean;
       for (const auto& [step, all] : line.values) {
         std::vector<double> values;
@@ -233,7 +235,7 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
       const std::size_t c = entries[k];
       const double lx = x + entry_w * double(k % per_row), ly = y + legend_row * double(k / per_row);
       s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"18\" height=\"4\" fill=\"{}\"/>\n", lx, ly + 4,
-                       palette[c % std::size(palette)]);
+                       colour_of(c));
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n", lx + 24, ly + 10, escape_xml(series[c]));
     }
   };

@@ -40,10 +40,12 @@ std::string curves_chart(const std::string& name, const nlohmann::ordered_json& 
 
 // A line of a steps chart: its panel (one plot each; "" for a chart of one), its series (a colour
 // and a legend entry each), and at each step its values: a line through their mean, in a band
-// from the lowest to the highest.
+// from the lowest to the highest. A line that stands for many (`many`: the series a panel has
+// too many of to name, gathered) is grey.
 struct ChartLine {
   std::string panel, series;
   std::map<std::size_t, std::vector<double>> values{};
+  bool many = false;
 };
 
 // The lines against the step on a log axis, up to three panels a row, with a legend of the series;

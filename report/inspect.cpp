@@ -339,6 +339,40 @@ std::vector<std::size_t> snapshots_to_show(const TrainingHistory& history) {
   return picks;
 }
 
+// A panel of more lines than a reader can tell apart names the `max_named_lines` that stand out
+// and gathers the rest into one grey line through their mean, in a band from the lowest to the
+// highest, drawn beneath the others: by their value at the last snapshot (composition: the
+// strongest pairs at the end), or by how far they moved from the first snapshot to the last (heads).
+constexpr std::size_t max_named_lines = 8;
+void gather_the_rest(std::vector<ChartLine>& lines, const std::string& panel, bool by_last_value, const char* what) {
+  std::vector<std::size_t> in_panel;
+  for (std::size_t i = 0; i < lines.size(); ++i)
+    if (lines[i].panel == panel) in_panel.push_back(i);
+  if (in_panel.size() <= max_named_lines + 2) return;  // gathering two lines into one saves nothing
+  const auto score = [&](std::size_t i) {
+    const double last = stats(lines[i].values.rbegin()->second).mean, first = stats(lines[i].values.begin()->second).mean;
+    return by_last_value ? last : std::fabs(last - first);
+  };
+  std::vector<std::size_t> ranked = in_panel;
+  std::stable_sort(ranked.begin(), ranked.end(), [&](std::size_t a, std::size_t b) { return score(a) > score(b); });
+  const std::vector<std::size_t> rest(ranked.begin() + max_named_lines, ranked.end());
+  ChartLine others{.panel = panel, .series = fmt::format("the other {} {}", rest.size(), what), .many = true};
+  std::vector<bool> gathered(lines.size(), false);
+  for (std::size_t i : rest) {
+    gathered[i] = true;
+    for (const auto& [step, values] : lines[i].values) {
+      auto& into = others.values[step];
+      into.insert(into.end(), values.begin(), values.end());
+    }
+  }
+  std::vector<ChartLine> kept;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    if (i == in_panel.front()) kept.push_back(std::move(others));
+    if (!gathered[i]) kept.push_back(std::move(lines[i]));
+  }
+  lines = std::move(kept);
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> training_charts(const TrainingHistory& h) {
@@ -378,6 +412,9 @@ std::vector<std::pair<std::string, std::string>> training_charts(const TrainingH
     }
     for (const auto& [key, value] : snap.probes) add("probes", key, snap.step, value);
   }
+  gather_the_rest(heads, "σ of the QK circuit", false, "heads");
+  gather_the_rest(heads, "score asymmetry on the input", false, "heads");
+  gather_the_rest(heads, "composition", true, "pairs");
   charts.emplace_back("training-heads", steps_chart("the heads along training", "snapshots.jsonl", heads, false));
   return charts;
 }
@@ -390,8 +427,11 @@ std::string training_html(const TrainingHistory& h) {
   if (!h.snapshots.empty())
     s += ", and held out, on the final evaluation's sequences, at each snapshot. The heads: σ = ‖(A+Aᵀ)/2‖²/‖A‖² of each "
          "head, its softmax-invariant score asymmetry on the input (bidirectional layers), the composition between layers "
-         "and the task's probes, at each snapshot (snapshots.jsonl). Each head's attention at a few snapshots is with its "
-         "pictures, below";
+         "and the task's probes, at each snapshot (snapshots.jsonl); a panel of more than " +
+         std::to_string(max_named_lines + 2) + " lines names the " + std::to_string(max_named_lines) +
+         " that stand out (heads: those that moved most; composition: the strongest at the last snapshot) and draws "
+         "the others as one grey line, their mean, in a band from the lowest to the highest. Each head's attention at "
+         "a few snapshots is with its pictures, below";
   s += ".</p>\n<div class=\"pics\">\n";
   for (const auto& [name, svg] : charts) s += svg;
   return s + "</div>\n";

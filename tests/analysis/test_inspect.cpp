@@ -318,3 +318,47 @@ TEST_CASE("inspect rejects an input longer than the model's positions, or outsid
              Contains("inspect: token 9 is outside the vocabulary of 6"));
   CHECK_THAT(invalid_argument_message([&] { inspect(model, task, {}); }), Contains("the input holds no tokens"));
 }
+
+TEST_CASE("heads along training: a panel of many lines names the eight that stand out and gathers the rest in grey") {
+  // 4 layers of 4 heads: 96 pairs of heads in different layers, 288 composition lines, and 16
+  // heads' σ. Pair p's Q score ends at p / 1000 (K and V lower), so the strongest eight at the end
+  // are pairs 95 … 88's Q; head i's σ moves by i / 100 from its start, so the heads that moved most
+  // are the last eight.
+  TrainingHistory h;
+  for (std::size_t step : {0, 100}) {
+    TrainingHistory::Snapshot s;
+    s.step = step;
+    s.accuracy = 0.5;
+    s.sigma.assign(4, std::vector<double>(4, 0.5));
+    s.score_asymmetry.assign(4, std::vector<std::optional<double>>(4));
+    for (std::size_t i = 0; i < 16; ++i) s.sigma[i / 4][i % 4] = 0.5 + (step ? double(i) / 100 : 0);
+    std::size_t p = 0;
+    for (std::size_t l1 = 0; l1 < 4; ++l1)
+      for (std::size_t l2 = l1 + 1; l2 < 4; ++l2)
+        for (std::size_t h1 = 0; h1 < 4; ++h1)
+          for (std::size_t h2 = 0; h2 < 4; ++h2, ++p)
+            s.composition.push_back({l1, h1, l2, h2, step ? double(p) / 1000 : 0.2, 0.01, 0.02});
+    h.snapshots.push_back(std::move(s));
+  }
+  const auto charts = training_charts(h);
+  REQUIRE(charts.size() == 2);
+  const std::string& svg = charts[1].second;
+  // Legend entries are <text> elements; line titles are "panel / series".
+  const auto named = [&](const std::string& series) { return svg.find(">" + series + "</text>") != std::string::npos; };
+  CHECK(named("the other 280 pairs"));
+  CHECK(named("the other 8 heads"));
+  CHECK(named("L2H3→L3H3 Q"));   // pair 95
+  CHECK(named("L2H2→L3H0 Q"));   // pair 88
+  CHECK_FALSE(named("L2H1→L3H3 Q"));  // pair 87: gathered
+  CHECK_FALSE(named("L0H0→L1H0 V"));
+  CHECK(named("L3H3"));
+  CHECK(named("L2H0"));
+  CHECK_FALSE(named("L1H3"));
+  std::size_t legend = 0;
+  for (std::size_t at = svg.find("width=\"18\" height=\"4\""); at != std::string::npos;
+       at = svg.find("width=\"18\" height=\"4\"", at + 1))
+    ++legend;
+  CHECK(legend == 2 * (8 + 1));
+  CHECK(svg.find("fill=\"#aaa\"") != std::string::npos);
+  CHECK_THAT(svg, Contains("<title>composition / the other 280 pairs</title>"));
+}
