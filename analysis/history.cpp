@@ -133,8 +133,10 @@ TrainingHistory parse_history(std::string_view metrics, std::string_view snapsho
     }
     // Each head of a layer into each head of a later one, once.
     const nlohmann::json& composition = j.at("composition");
-    if (!composition.is_array() || composition.size() > L * (L - 1) / 2 * H * H)
-      throw LineFault(fmt::format("'composition' is not an array of at most {} pairs of heads", L * (L - 1) / 2 * H * H));
+    // L(L−1)/2 · H² in a double: config.json's limits (10,000 layers of 1,000,000 heads) pass 2^64.
+    const double pairs = double(L) * double(L - 1) / 2 * double(H) * double(H);
+    if (!composition.is_array() || double(composition.size()) > pairs)
+      throw LineFault(fmt::format("'composition' is not an array of at most {:.0f} pairs of heads", pairs));
     for (const nlohmann::json& c : composition) {
       const HeadComposition pair{whole(c.at("from_layer"), "'from_layer'", L - 1), whole(c.at("from_head"), "'from_head'", H - 1),
                                  whole(c.at("to_layer"), "'to_layer'", L - 1),     whole(c.at("to_head"), "'to_head'", H - 1),

@@ -138,6 +138,8 @@ int main(int argc, char** argv) {
   put("rng-long", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "1 2 3 4 5"; }));
   put("rng-negative", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "-1 -1 -1 -1"; }));
   put("rng-zero", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "0 0 0 0"; }));
+  // A long text with a newline and a quote: the message shows its start, escaped, and its length.
+  put("rng-text", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "1\n2 \"3\" " + std::string(10'000, 'x'); }));
   const auto with_value = [&](const std::string& buffer, float value) {
     StateDict changed = run.optimizer->state_dict();
     for (auto& [name, t] : changed)

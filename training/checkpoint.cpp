@@ -6,10 +6,24 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "qkv/core/shape.hpp"
 
 namespace qkv::training {
+
+namespace {
+
+// A metadata text as an error shows it: its first 64 bytes, quoted and escaped (a newline as \n,
+// a byte that is no UTF-8 as U+FFFD), and the length of a longer one.
+std::string shown(const std::string& text) {
+  constexpr std::size_t shown_bytes = 64;
+  const std::string quoted =
+      nlohmann::json(text.substr(0, shown_bytes)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return text.size() > shown_bytes ? fmt::format("{}… ({} bytes)", quoted, text.size()) : quoted;
+}
+
+}  // namespace
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
                      const CheckpointState& state) {
@@ -33,12 +47,12 @@ CheckpointState restore_checkpoint(const nn::Checkpoint& c, nn::Module& model, o
   std::istringstream rng(rng_text->second);
   std::vector<std::string> words{std::istream_iterator<std::string>(rng), std::istream_iterator<std::string>()};
   const auto bad_rng = [&](const std::string& why) {
-    return std::runtime_error(fmt::format("{}: 'rng' = \"{}\" {}", optimizer_file, rng_text->second, why));
+    return std::runtime_error(fmt::format("{}: 'rng' = {} {}", optimizer_file, shown(rng_text->second), why));
   };
   if (words.size() != state.rng.size()) throw bad_rng(fmt::format("is {} words, not 4 numbers", words.size()));
   for (std::size_t i = 0; i < words.size(); ++i) {
     const auto word = parse_count(words[i]);
-    if (!word) throw bad_rng(fmt::format("holds '{}', not an unsigned 64-bit number", words[i]));
+    if (!word) throw bad_rng(fmt::format("holds {}, not an unsigned 64-bit number", shown(words[i])));
     state.rng[i] = *word;
   }
   if (state.rng == Generator::State{}) throw bad_rng("is all zeros, which no generator reaches");

@@ -82,7 +82,10 @@ TEST_CASE("every file of the fuzz corpus loads, or is rejected naming its fault"
       {"step-other", {"model.safetensors", "the model is from step 2 but the optimizer from step 1"}},
       {"rng-short", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' = \"1 2 3\" is 3 words, not 4 numbers"}},
       {"rng-long", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' = \"1 2 3 4 5\" is 5 words, not 4 numbers"}},
-      {"rng-negative", {"optimizer.safetensors", "holds '-1', not an unsigned 64-bit number"}},
+      {"rng-negative", {"optimizer.safetensors", "holds \"-1\", not an unsigned 64-bit number"}},
+      {"rng-text",
+       {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' = \"1\\n2 \\\"3\\\" " + std::string(56, 'x') +
+                                     "\"… (10008 bytes) holds \"\\\"3\\\"\", not an unsigned 64-bit number"}},
       {"rng-zero", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' = \"0 0 0 0\" is all zeros"}},
       {"optimizer-exp-avg-sq-negative",
        {"optimizer.safetensors", "fuzz/optimizer.safetensors: Optimizer::load_state_dict: '2.exp_avg_sq' holds -0.5 at "
