@@ -442,6 +442,37 @@ TEST_CASE("the docs' experiment tables are those of the committed results") {
   }
 }
 
+TEST_CASE("the README's table of what tying breaks is the symmetry experiment's accuracy at step 6000") {
+  // Each row `task`, then a cell per kind of head (untied, tied, symmetric, identity): the mean ±
+  // sd over seeds of the committed results' final accuracy, as the experiment's table prints it.
+  const std::filesystem::path root(QKV_SOURCE_DIR);
+  std::ifstream in(root / "docs" / "experiments" / "symmetry" / "results.json");
+  REQUIRE(in);
+  const nlohmann::ordered_json results = nlohmann::ordered_json::parse(in);
+  std::map<std::pair<std::string, std::string>, std::string> cell;  // (task label, variant) → "mean ± sd"
+  for (const report::RunGroup& g : report::group_runs(results.at("runs"))) {
+    const report::Stats s = report::stats(report::run_values(g, "accuracy"));
+    cell[{g.labels.at("task"), g.labels.at("variant")}] = fmt::format("{:.3f} ± {:.3f}", s.mean, s.sd);
+  }
+  std::ifstream readme_in(root / "README.md");
+  REQUIRE(readme_in);
+  const std::regex row(R"(^\| `([a-z]+)( --n ([0-9]+))?` \| [^|]+ \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$)");
+  std::size_t rows = 0;
+  for (std::string line; std::getline(readme_in, line);) {
+    std::smatch m;
+    if (!std::regex_match(line, m, row)) continue;
+    const std::string task = m[3].matched ? fmt::format("{} n={}", m[1].str(), m[3].str()) : m[1].str();
+    INFO(line);
+    std::size_t column = 4;
+    for (const char* variant : {"untied", "tied", "symmetric", "identity"}) {
+      REQUIRE(cell.count({task, variant}));
+      CHECK(m[column++].str() == cell.at({task, variant}));
+    }
+    ++rows;
+  }
+  CHECK(rows == 5);
+}
+
 TEST_CASE("an experiment on two processes gives the results of one, bit for bit but the seconds") {
   std::ostringstream progress;
   ExperimentOptions one = tiny("kv", "one_process"), two = tiny("kv", "two_processes");
