@@ -12,12 +12,12 @@
 #include <malloc.h>
 #include <signal.h>
 
+#include <atomic>
 #include <complex>
 #include <cstdint>
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <sstream>
 #include <streambuf>
@@ -383,8 +383,8 @@ std::string register_python_task(const py::object& task) {
 }
 
 // What a call that trains holds while it runs (qkv.train, qkv.sweep): the process's one training
-// slot (the stop flag, the signal handlers and the thread count are the process's: a second call
-// from another thread is a RuntimeError), the thread count it asks for, and qkv's handlers of SIGINT
+// slot (the stop flag, the signal handlers and the thread count are the process's: a second call,
+// from this thread or another, is a RuntimeError), the thread count it asks for, and qkv's handlers of SIGINT
 // and SIGTERM in place of Python's, so that they stop a run as they stop `qkv train` (a checkpoint
 // of the step, then training::Interrupted, which arrives as KeyboardInterrupt). Progress goes to
 // sys.stderr, or for a sweep's worker processes to the process's stderr (a forked child must not
@@ -392,8 +392,8 @@ std::string register_python_task(const py::object& task) {
 // again once Python's handlers are back, as if it came then.
 class Running {
  public:
-  Running(std::size_t threads, bool to_python) : lock_(slot(), std::try_to_lock), threads_(get_num_threads()) {
-    if (!lock_.owns_lock()) {
+  Running(std::size_t threads, bool to_python) : threads_(get_num_threads()) {
+    if (busy().exchange(true)) {  // in this thread (a task's sample() that trains) or another
       PyErr_SetString(PyExc_RuntimeError, "qkv: another qkv.train or qkv.sweep is running in this process");
       throw py::error_already_set();
     }
@@ -406,25 +406,31 @@ class Running {
     progress_.flush();
     for (int i = 0; i < 2; ++i) sigaction(signals[i], &saved_[i], nullptr);
     set_num_threads(threads_);
+    busy() = false;
     if (const int signal = training::take_pending_stop()) ::raise(signal);
   }
   Running(const Running&) = delete;
   Running& operator=(const Running&) = delete;
 
-  // f(progress), with the GIL released.
+  // f(progress), with the GIL released. A stop that ended it (Interrupted, which arrives as
+  // KeyboardInterrupt) has been answered: it is not raised again.
   template <class F>
   auto operator()(F&& f) {
     const py::gil_scoped_release free;
-    return f(progress_);
+    try {
+      return f(progress_);
+    } catch (const training::Interrupted&) {
+      training::take_pending_stop();
+      throw;
+    }
   }
 
  private:
-  static std::mutex& slot() {
-    static std::mutex m;
-    return m;
+  static std::atomic<bool>& busy() {
+    static std::atomic<bool> b{false};
+    return b;
   }
   static constexpr int signals[2] = {SIGINT, SIGTERM};
-  std::unique_lock<std::mutex> lock_;
   std::size_t threads_;
   struct sigaction saved_[2] {};
   PythonStderr python_;

@@ -87,3 +87,22 @@ def test_a_bad_sweep_is_refused_naming_the_key(tmp_path):
     with pytest.raises(ValueError, match="width"):
         qkv.sweep(dict(SPEC, grid={"width": [1]}), str(tmp_path / "s"))
     assert not (tmp_path / "s").exists()
+
+
+def test_a_ctrl_c_stops_a_sweep_on_two_processes_once(tmp_path):
+    # SIGINT a second into four 20,000-step runs: the workers stop, KeyboardInterrupt arrives once,
+    # and nothing of it is left to interrupt what the program does next.
+    import signal
+    import threading
+    import time
+    spec = {"tasks": ["brackets"], "fixed": {"steps": 20000}, "seeds": {"start": 0, "count": 4}}
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            qkv.sweep(spec, str(tmp_path / "s"), jobs=2)
+    finally:
+        timer.cancel()
+    time.sleep(0.5)  # a second KeyboardInterrupt would arrive here
+    # And the next sweep runs.
+    assert len(qkv.sweep(dict(spec, fixed={"steps": 20}), str(tmp_path / "t"), jobs=2)) == 4
