@@ -69,13 +69,18 @@ void self_attention(Json& run, const nn::Transformer& m, const Task&, const Sequ
     for (std::size_t l = 0; l < m.blocks.size(); ++l) {
       const nn::MultiHeadAttention& attn = m.blocks[l]->attn;
       const Array<double> w = f.attention[l].weights.to(DType::float64).value<double>();  // (1, H, T, T)
+      const Array<double> s = f.attention[l].scores.to(DType::float64).value<double>();   // −inf where masked
       const Array<double> x = f.inputs[l].to(DType::float64).value<double>();             // (1, T, D)
       const std::size_t H = w.shape()[1], T = w.shape()[2], D = x.shape()[2];
+      const Array<double> q_bias = attn.q_proj && attn.q_proj->bias.defined()
+                                       ? attn.q_proj->bias.to(DType::float64).value<double>()
+                                       : Array<double>(xt::zeros<double>({H * attn.W_q(0).shape()[1]}));
       for (std::size_t h = 0; h < H; ++h) {
         for (std::size_t i = 0; i < T; ++i) {
+          // Another key it may attend: a finite score (a weight can round to 0 beside a far larger one).
           std::size_t others = 0, best = 0;
           for (std::size_t j = 0; j < T; ++j) {
-            others += j != i && w(0, h, i, j) > 0;
+            others += j != i && std::isfinite(s(0, h, i, j));
             if (w(0, h, i, j) > w(0, h, i, best)) best = j;
           }
           if (others == 0) continue;  // the first query of a causal layer sees itself alone
@@ -86,14 +91,11 @@ void self_attention(Json& run, const nn::Transformer& m, const Task&, const Sequ
         // |q_i| = |x_i W_q(h) + b_q(h)|
         const Array<double> wq = attn.W_q(h).to(DType::float64).value<double>();  // (D, d_head)
         const std::size_t dh = wq.shape()[1];
-        Array<double> bias = xt::zeros<double>({dh});
-        if (attn.q_proj && attn.q_proj->bias.defined())
-          for (std::size_t d = 0; d < dh; ++d) bias(d) = attn.q_proj->bias.to(DType::float64).value<double>()(h * dh + d);
         double sum = 0, squares = 0;
         for (std::size_t i = 0; i < T; ++i) {
           double length = 0;
           for (std::size_t d = 0; d < dh; ++d) {
-            double q = bias(d);
+            double q = q_bias(h * dh + d);
             for (std::size_t e = 0; e < D; ++e) q += x(0, i, e) * wq(e, d);
             length += q * q;
           }
@@ -105,9 +107,10 @@ void self_attention(Json& run, const nn::Transformer& m, const Task&, const Sequ
       }
     }
   }
-  run["self_weight"] = queries ? weight / double(queries) : 0.0;
-  run["self_top"] = queries ? top / double(queries) : 0.0;
-  run["query_length_cv"] = heads ? spread / double(heads) : 0.0;
+  // None where no query had another key to choose (no head with a query of nonzero length).
+  run["self_weight"] = queries ? Json(weight / double(queries)) : Json();
+  run["self_top"] = queries ? Json(top / double(queries)) : Json();
+  run["query_length_cv"] = heads ? Json(spread / double(heads)) : Json();
 }
 
 // Bytes the KV caches of all layers hold per token of one sequence, measured on a real cache.

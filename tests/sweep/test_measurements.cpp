@@ -1,5 +1,7 @@
 #include "tests/helpers.hpp"
 
+#include <memory>
+
 #include <nlohmann/json.hpp>
 
 #include "qkv/core/autograd.hpp"
@@ -9,6 +11,30 @@
 
 using namespace qkv;
 using namespace qkv::sweep;
+
+namespace {
+
+// One bidirectional layer of tied heads for rps (seed 2), its W_q scaled by `q_scale`.
+std::unique_ptr<nn::Transformer> tied_rps(float q_scale) {
+  tasks::TrainOptions o = tasks::default_options("rps");
+  o.model.qk = nn::QK::tied;
+  o.model.layers = 1;
+  o.model.causal = false;
+  Generator gen(2);
+  auto m = std::make_unique<nn::Transformer>(o.model, gen);
+  NoGradGuard no_grad;
+  m->blocks[0]->attn.q_proj->weight.mutable_value<float>() *= q_scale;
+  return m;
+}
+
+// The self_attention measurement of a model for rps on one sequence of its four items.
+nlohmann::ordered_json self_attention_of(const nn::Transformer& m) {
+  nlohmann::ordered_json run;
+  measurement("self_attention").extras.at_end(run, m, *tasks::make_task("rps"), Sequences{{0, 1, 2, 3}});
+  return run;
+}
+
+}  // namespace
 
 TEST_CASE("self_attention: uniform attention and queries of one length, by hand") {
   // Zero W_q and W_k: every score 0, so a causal query at position i spreads 1/(i+1) over the keys
@@ -44,18 +70,27 @@ TEST_CASE("self_attention: a tied head whose queries differ in length puts a lon
   // Tied: k_j = q_j, so s_ii = |q_i|² ≥ |q_i||q_j| ≥ s_ij whenever |q_i| ≥ |q_j|. In a
   // bidirectional layer the longest query of each head sees every key and scores itself highest:
   // at least one query of the 4 in each head has itself as its top key.
-  tasks::TrainOptions o = tasks::default_options("rps");
-  o.model.qk = nn::QK::tied;
-  o.model.layers = 1;
-  o.model.causal = false;
-  Generator gen(2);
-  nn::Transformer m(o.model, gen);
-  const auto task = tasks::make_task("rps");
-  const Sequences inputs = {{0, 1, 2, 3}};
-  nlohmann::ordered_json run;
-  measurement("self_attention").extras.at_end(run, m, *task, inputs);
+  const auto m = tied_rps(1.0f);
+  const nlohmann::ordered_json run = self_attention_of(*m);
   CHECK(run["self_top"].get<double>() >= 1.0 / 4.0);
   CHECK(run["query_length_cv"].get<double>() > 0);
   CHECK(run["self_weight"].get<double>() > 0);
   CHECK(run["self_weight"].get<double>() < 1);
+}
+
+TEST_CASE("self_attention: a query whose weight is all on itself counts, though its other weights round to 0") {
+  // The tied head of the previous test with W_q 200 times larger: scores 40,000 times larger, so the
+  // longest query's weight on any other key underflows to exactly 0 in float32. It still has keys to
+  // choose (finite scores), and chooses itself with weight 1: self_top ≥ 1/4 and self_weight ≥ 1/4
+  // over the 4 queries of each head.
+  const auto m = tied_rps(200.0f);
+  const nn::TransformerOutput f = m->forward(tasks::one_row({0, 1, 2, 3}), true);
+  const Array<float> w = f.attention[0].weights.value<float>();
+  std::size_t exactly_one = 0;
+  for (std::size_t h = 0; h < w.shape()[1]; ++h)
+    for (std::size_t i = 0; i < w.shape()[2]; ++i) exactly_one += w(0, h, i, i) == 1.0f;
+  REQUIRE(exactly_one > 0);  // the case this is about: weight 1 on itself, 0 elsewhere
+  const nlohmann::ordered_json run = self_attention_of(*m);
+  CHECK(run["self_top"].get<double>() >= 1.0 / 4.0);
+  CHECK(run["self_weight"].get<double>() >= 1.0 / 4.0 - 1e-6);
 }
