@@ -207,21 +207,18 @@ void KVCache::append(const Tensor& k, const Tensor& v) {
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen)
     : options_(resolve(options)) {
   const auto& o = options_;
-  if (o.proj == Projection::identity_qk) {
-    v_proj = std::make_unique<Linear>(o.vdim, o.n_kv_heads * o.d_v, o.qkv_bias, o.dtype, gen);
-    register_module("v_proj", *v_proj);
-  } else if (o.proj != Projection::identity) {
+  // Drawn in the order q, k, v: identity has none of them, identity-qk only v.
+  if (o.proj != Projection::identity && o.proj != Projection::identity_qk) {
     q_proj = std::make_unique<Linear>(o.d_model, o.n_heads * o.d_head, o.qkv_bias, o.dtype, gen);
     if (o.qk == QK::untied) k_proj = std::make_unique<Linear>(o.kdim, o.n_kv_heads * o.d_head, o.qkv_bias, o.dtype, gen);
-    v_proj = std::make_unique<Linear>(o.vdim, o.n_kv_heads * o.d_v, o.qkv_bias, o.dtype, gen);
-    register_module("q_proj", *q_proj);
-    if (k_proj) register_module("k_proj", *k_proj);
-    register_module("v_proj", *v_proj);
-    if (o.proj == Projection::frozen)
-      for (Linear* p : {q_proj.get(), k_proj.get(), v_proj.get()})
-        if (p)
-          for (Tensor& t : p->parameters()) t.requires_grad_(false);
   }
+  if (o.proj != Projection::identity) v_proj = std::make_unique<Linear>(o.vdim, o.n_kv_heads * o.d_v, o.qkv_bias, o.dtype, gen);
+  for (const auto& [name, p] : {std::pair{"q_proj", q_proj.get()}, {"k_proj", k_proj.get()}, {"v_proj", v_proj.get()}})
+    if (p) {
+      register_module(name, *p);
+      if (o.proj == Projection::frozen)
+        for (Tensor& t : p->parameters()) t.requires_grad_(false);
+    }
   out_proj = std::make_unique<Linear>(o.n_heads * o.d_v, o.d_model, o.out_bias, o.dtype, gen);
   register_module("out_proj", *out_proj);
   register_hook("hook_q", hook_q);

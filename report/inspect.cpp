@@ -414,7 +414,7 @@ std::vector<std::pair<std::string, std::string>> training_charts(const TrainingH
   }
   gather_the_rest(heads, "σ of the QK circuit", false, "heads");
   gather_the_rest(heads, "score asymmetry on the input", false, "heads");
-  gather_the_rest(heads, "composition", true, "pairs");
+  gather_the_rest(heads, "composition", true, "scores");
   charts.emplace_back("training-heads", steps_chart("the heads along training", "snapshots.jsonl", heads, false));
   return charts;
 }

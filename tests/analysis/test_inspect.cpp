@@ -345,7 +345,7 @@ TEST_CASE("heads along training: a panel of many lines names the eight that stan
   const std::string& svg = charts[1].second;
   // Legend entries are <text> elements; line titles are "panel / series".
   const auto named = [&](const std::string& series) { return svg.find(">" + series + "</text>") != std::string::npos; };
-  CHECK(named("the other 280 pairs"));
+  CHECK(named("the other 280 scores"));
   CHECK(named("the other 8 heads"));
   CHECK(named("L2H3→L3H3 Q"));   // pair 95
   CHECK(named("L2H2→L3H0 Q"));   // pair 88
@@ -360,5 +360,5 @@ TEST_CASE("heads along training: a panel of many lines names the eight that stan
     ++legend;
   CHECK(legend == 2 * (8 + 1));
   CHECK(svg.find("fill=\"#aaa\"") != std::string::npos);
-  CHECK_THAT(svg, Contains("<title>composition / the other 280 pairs</title>"));
+  CHECK_THAT(svg, Contains("<title>composition / the other 280 scores</title>"));
 }

@@ -11,7 +11,7 @@
 //   RUNS       `*` (every run), or labels `key=value, key=value` (the runs whose "labels" have
 //              them; `key=a / b` takes either value), then optionally `where COND, COND` (the
 //              runs for which each holds)
-//   STATISTIC  count COND   "k of n": how many of the runs COND holds for
+//   STATISTIC  count COND   "k of n": how many of the runs COND holds for (COND, COND: each)
 //              wilson COND  "lo–hi%": the 95% Wilson interval of that count
 //              mean FIELD FMT, sd, min, max, range (min–max), mean±sd, median
 //   FIELD      a number of each run's results (accuracy, steps_to_target, sigma, …), or
@@ -147,7 +147,8 @@ std::string doc_number(const std::string& query) {
   const Json& results = results_of(parts[0]);
   // The runs.
   std::string labels = parts[1], where;
-  if (const auto at = labels.find("where"); at != std::string::npos) where = trimmed(labels.substr(at + 5)), labels = trimmed(labels.substr(0, at));
+  if (const auto at = labels.find(" where "); at != std::string::npos)
+    where = trimmed(labels.substr(at + 7)), labels = trimmed(labels.substr(0, at));
   std::vector<const Json*> runs;
   for (const Json& run : results.at("runs")) {
     bool chosen = true;
@@ -172,7 +173,10 @@ std::string doc_number(const std::string& query) {
   const auto space = statistic.find(' ');
   const std::string name = statistic.substr(0, space), rest = space == std::string::npos ? "" : trimmed(statistic.substr(space));
   if (name == "count" || name == "wilson") {
-    const std::size_t k = std::size_t(std::count_if(runs.begin(), runs.end(), [&](const Json* r) { return holds(*r, rest, query); }));
+    const std::vector<std::string> conditions = split_by(rest, ", ");  // each must hold
+    const std::size_t k = std::size_t(std::count_if(runs.begin(), runs.end(), [&](const Json* r) {
+      return std::all_of(conditions.begin(), conditions.end(), [&](const std::string& c) { return holds(*r, c, query); });
+    }));
     if (name == "count") return fmt::format("{} of {}", k, runs.size());
     const auto [lo, hi] = sweep::wilson_interval(k, runs.size());
     return fmt::format("{:.0f}–{:.0f}%", 100 * lo, 100 * hi);
@@ -236,6 +240,40 @@ TEST_CASE("doc numbers: each statistic of a query, on the symmetry results, by h
       for (const Json& point : run.at("curve"))
         if (point.at("step") == 1000) at_1000 += point.at("accuracy").get<double>() / 10;
   CHECK(doc_number("symmetry | task=rps, variant=tied | mean accuracy@1000 %") == fmt::format("{:.1f}%", 100 * at_1000));
+  // sd (sample), mean ± sd, median, and whole numbers grouped by three, against the values by hand.
+  std::vector<double> steps;
+  for (const Json& run : results.at("runs"))
+    if (run.at("labels").at("task") == "induction" && run.at("labels").at("variant") == "symmetric")
+      steps.push_back(run.at("steps_to_target").get<double>());
+  REQUIRE(steps.size() == 10);
+  std::sort(steps.begin(), steps.end());
+  double m = 0, ss = 0;
+  for (double x : steps) m += x / 10;
+  for (double x : steps) ss += (x - m) * (x - m);
+  const double sd = std::sqrt(ss / 9);
+  const auto grouped = [](double x) {  // 1234.4 → "1,234"
+    const long v = std::lround(x);
+    return v >= 1000 ? fmt::format("{},{:03d}", v / 1000, v % 1000) : fmt::format("{}", v);
+  };
+  const std::string symmetric = "symmetry | task=induction, variant=symmetric | ";
+  CHECK(doc_number(symmetric + "sd steps_to_target .2") == fmt::format("{:.2f}", sd));
+  CHECK(doc_number(symmetric + "mean±sd steps_to_target int") == grouped(m) + " ± " + grouped(sd));
+  CHECK(doc_number(symmetric + "median steps_to_target int") == grouped((steps[4] + steps[5]) / 2));
+  CHECK(doc_number(symmetric + "max steps_to_target int") == grouped(steps.back()));
+  // Alternatives pool runs; conditions in `where` and in `count` must each hold.
+  CHECK(doc_number("symmetry | task=cycle n=3 / cycle n=5, variant=untied | count reached") == "20 of 20");
+  CHECK(doc_number("symmetry | task=induction, variant=tied / symmetric where accuracy >= 0.5, accuracy < 0.99 | count "
+                   "accuracy >= 0.5, accuracy < 0.99") ==
+        [&] {
+          std::size_t n = 0;
+          for (const Json& run : results.at("runs")) {
+            const auto& l = run.at("labels");
+            const double a = run.at("accuracy").get<double>();
+            n += l.at("task") == "induction" && (l.at("variant") == "tied" || l.at("variant") == "symmetric") && a >= 0.5 &&
+                 a < 0.99;
+          }
+          return fmt::format("{} of {}", n, n);
+        }());
   // Bad queries name what is wrong.
   CHECK_THROWS_WITH(doc_number("symmetry | task=rps | mean nothing %"), Catch::Contains("the runs have no 'nothing'"));
   CHECK_THROWS_WITH(doc_number("symmetry | task=none | count accuracy > 0"), Catch::Contains("no run is chosen"));
@@ -260,6 +298,10 @@ TEST_CASE("doc numbers: every number docs/experiments.md reads from the committe
     last = std::size_t(m.position(0) + m.length(0));
   }
   rewritten += page.substr(last);
+  // Every marker is checked: one wrapped over two lines would not match, and is named here.
+  std::size_t opened = 0;
+  for (auto at = page.find("<!--= "); at != std::string::npos; at = page.find("<!--= ", at + 1)) ++opened;
+  CHECK(count == opened);
   CHECK(count >= 20);
   if (const char* write = std::getenv("QKV_WRITE_DOCS"); write && std::string(write) == "1" && rewritten != page) {
     std::ofstream out(page_path);
