@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <ostream>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -164,6 +166,15 @@ Json experiment_sweep(const ExperimentOptions& e) {
   return spec;
 }
 
+std::pair<std::string, std::vector<std::pair<std::string, std::string>>> experiment_charts(const std::string& name,
+                                                                                           const Json& runs) {
+  std::vector<std::pair<std::string, std::string>> curves;
+  for (const auto& [key, what] : {std::pair<std::string, std::string>{"accuracy", "held-out accuracy"},
+                                  {"score_asymmetry", "the readout head's softmax-invariant score asymmetry"}})
+    if (std::string chart = curves_chart(name, runs, key, what); !chart.empty()) curves.emplace_back(key, std::move(chart));
+  return {accuracy_chart(name, runs), std::move(curves)};
+}
+
 ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progress, bool tty) {
   const std::string name = name_of(e.name);
   const Json spec = experiment_sweep(e);
@@ -223,11 +234,7 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   sweep::collect(plan, out, false);  // results.jsonl, results.csv and summary.md, as `qkv sweep` writes them
   result.table = experiment_table(plan.measurements, result.runs);
   for (const std::string& w : result.warnings) result.table += "\nWARNING: " + w + "\n";
-  result.chart = accuracy_chart(name, result.runs);
-  for (const auto& [key, what] : {std::pair<std::string, std::string>{"accuracy", "held-out accuracy"},
-                                  {"score_asymmetry", "the readout head's softmax-invariant score asymmetry"}})
-    if (std::string chart = curves_chart(name, result.runs, key, what); !chart.empty())
-      result.curves.emplace_back(key, std::move(chart));
+  std::tie(result.chart, result.curves) = experiment_charts(name, result.runs);
   const std::size_t steps = plan.runs.empty() ? 0 : plan.runs[0].train.steps;
   const Json seeds = spec.value("seeds", Json::object());
   const Json file = {{"experiment", name},

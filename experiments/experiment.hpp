@@ -47,6 +47,11 @@ struct ExperimentResult {
   std::vector<std::string> files;     // what it wrote, beside the runs' folders
 };
 
+// The charts of an experiment's runs: the final accuracy (ExperimentResult::chart) and the curves
+// along training that some run has (ExperimentResult::curves), as run_experiment draws them.
+std::pair<std::string, std::vector<std::pair<std::string, std::string>>> experiment_charts(
+    const std::string& name, const nlohmann::ordered_json& runs);
+
 // The shipped experiments, in the order `qkv experiment --help` lists them.
 std::vector<std::string> experiment_names();
 // A shipped experiment's sweep file, as text; std::invalid_argument naming it and listing the known ones.

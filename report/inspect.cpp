@@ -349,12 +349,13 @@ void gather_the_rest(std::vector<ChartLine>& lines, const std::string& panel, bo
   for (std::size_t i = 0; i < lines.size(); ++i)
     if (lines[i].panel == panel) in_panel.push_back(i);
   if (in_panel.size() <= max_named_lines + 2) return;  // gathering two lines into one saves nothing
-  const auto score = [&](std::size_t i) {
+  std::vector<double> score(lines.size());  // of the panel's lines, each once
+  for (std::size_t i : in_panel) {
     const double last = stats(lines[i].values.rbegin()->second).mean, first = stats(lines[i].values.begin()->second).mean;
-    return by_last_value ? last : std::fabs(last - first);
-  };
+    score[i] = by_last_value ? last : std::fabs(last - first);
+  }
   std::vector<std::size_t> ranked = in_panel;
-  std::stable_sort(ranked.begin(), ranked.end(), [&](std::size_t a, std::size_t b) { return score(a) > score(b); });
+  std::stable_sort(ranked.begin(), ranked.end(), [&](std::size_t a, std::size_t b) { return score[a] > score[b]; });
   const std::vector<std::size_t> rest(ranked.begin() + max_named_lines, ranked.end());
   ChartLine others{.panel = panel, .series = fmt::format("the other {} {}", rest.size(), what), .many = true};
   std::vector<bool> gathered(lines.size(), false);

@@ -35,7 +35,8 @@ struct Extras {
   std::function<void(nlohmann::ordered_json& run, nn::Transformer& init, const Task& task, const Sequences& sequences,
                      std::uint64_t seed)>
       at_init{};
-  std::function<void(nlohmann::ordered_json& run, const nn::Transformer& trained, const Task& task, const Sequences& sequences)>
+  // The trained model is not const: a measurement may run it with hooks (they are removed after).
+  std::function<void(nlohmann::ordered_json& run, nn::Transformer& trained, const Task& task, const Sequences& sequences)>
       at_end{};
 };
 

@@ -1,9 +1,15 @@
 #include "qkv/sweep/measurements.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/random.hpp"
+#include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/find_spec.hpp"
 
@@ -60,21 +66,22 @@ void init_attention(Json& run, nn::Transformer& m, const Task& task, const Seque
 // query with another key to choose), and how much the queries' lengths |q_i| differ (their sd over
 // their mean, per head and sequence, averaged). Tied and identity heads score a Gram matrix, where
 // a query at least as long as another position's scores itself at least as high as that position.
-void self_attention(Json& run, const nn::Transformer& m, const Task&, const Sequences& inputs) {
+void self_attention(Json& run, nn::Transformer& m, const Task&, const Sequences& inputs) {
   NoGradGuard no_grad;
+  const auto point = [](std::size_t l, const char* name) { return fmt::format("blocks.{}.attn.{}", l, name); };
+  std::vector<std::string> points;
+  for (std::size_t l = 0; l < m.blocks.size(); ++l)
+    for (const char* name : {"hook_q", "hook_attn_scores", "hook_pattern"}) points.push_back(point(l, name));
   double weight = 0, top = 0, spread = 0;
   std::size_t queries = 0, heads = 0;
   for (const auto& input : inputs) {
-    const nn::TransformerOutput f = m.forward(tasks::one_row(input), true);
+    const nn::ActivationCache cache = m.run_with_cache(tasks::one_row(input), points);
     for (std::size_t l = 0; l < m.blocks.size(); ++l) {
-      const nn::MultiHeadAttention& attn = m.blocks[l]->attn;
-      const Array<double> w = f.attention[l].weights.to(DType::float64).value<double>();  // (1, H, T, T)
-      const Array<double> s = f.attention[l].scores.to(DType::float64).value<double>();   // −inf where masked
-      const Array<double> x = f.inputs[l].to(DType::float64).value<double>();             // (1, T, D)
-      const std::size_t H = w.shape()[1], T = w.shape()[2], D = x.shape()[2];
-      const Array<double> q_bias = attn.q_proj && attn.q_proj->bias.defined()
-                                       ? attn.q_proj->bias.to(DType::float64).value<double>()
-                                       : Array<double>(xt::zeros<double>({H * attn.W_q(0).shape()[1]}));
+      const auto at = [&](const char* name) { return cache[point(l, name)].to(DType::float64).value<double>(); };
+      const Array<double> q = at("hook_q");            // (1, T, H, d_head)
+      const Array<double> s = at("hook_attn_scores");  // (1, H, T, T), −inf where masked
+      const Array<double> w = at("hook_pattern");      // (1, H, T, T)
+      const std::size_t H = w.shape()[1], T = w.shape()[2], dh = q.shape()[3];
       for (std::size_t h = 0; h < H; ++h) {
         for (std::size_t i = 0; i < T; ++i) {
           // Another key it may attend: a finite score (a weight can round to 0 beside a far larger one).
@@ -88,19 +95,11 @@ void self_attention(Json& run, const nn::Transformer& m, const Task&, const Sequ
           top += best == i;
           ++queries;
         }
-        // |q_i| = |x_i W_q(h) + b_q(h)|
-        const Array<double> wq = attn.W_q(h).to(DType::float64).value<double>();  // (D, d_head)
-        const std::size_t dh = wq.shape()[1];
-        double sum = 0, squares = 0;
+        double sum = 0, squares = 0;  // of the lengths |q_i|
         for (std::size_t i = 0; i < T; ++i) {
           double length = 0;
-          for (std::size_t d = 0; d < dh; ++d) {
-            double q = q_bias(h * dh + d);
-            for (std::size_t e = 0; e < D; ++e) q += x(0, i, e) * wq(e, d);
-            length += q * q;
-          }
-          length = std::sqrt(length);
-          sum += length, squares += length * length;
+          for (std::size_t d = 0; d < dh; ++d) length += q(0, i, h, d) * q(0, i, h, d);
+          sum += std::sqrt(length), squares += length;
         }
         const double mean = sum / double(T), var = std::max(0.0, squares / double(T) - mean * mean);
         if (mean > 0) spread += std::sqrt(var) / mean, ++heads;
@@ -150,7 +149,7 @@ const std::vector<Measurement>& measurement_registry() {
        .help = "at the end: the bytes the KV caches of all layers hold per token of a sequence",
        .columns = {{"kv_cache_bytes_per_token", "KV cache bytes/token", "{:.0f}"}},
        .extras = {.at_init = {},
-                  .at_end = [](Json& run, const nn::Transformer& trained, const Task&, const Sequences& sequences) {
+                  .at_end = [](Json& run, nn::Transformer& trained, const Task&, const Sequences& sequences) {
                     run["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(trained, sequences.front());
                   }}},
       {.name = "self_attention",
@@ -194,7 +193,7 @@ Extras chained(std::vector<Extras> parts) {
     for (const Extras& e : parts)
       if (e.at_init) e.at_init(run, init, task, s, seed);
   };
-  out.at_end = [parts](Json& run, const nn::Transformer& trained, const Task& task, const Sequences& s) {
+  out.at_end = [parts](Json& run, nn::Transformer& trained, const Task& task, const Sequences& s) {
     for (const Extras& e : parts)
       if (e.at_end) e.at_end(run, trained, task, s);
   };

@@ -30,15 +30,21 @@ const json& torch_case(const std::string& name) {
   return data.at("cases").at(name);
 }
 
+// The fixture's LCG: each call the next state's top 24 bits.
+struct Lcg {
+  std::uint64_t state;
+  std::uint64_t next() {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return state >> 40;
+  }
+};
+
 // The fixture's inputs: its LCG, uniform over [mean − 2, mean + 2) in steps of 2^-22, so that every
 // number is exact in float32 and both dtypes see the same values.
 Array<double> draw(const json& seed, const Shape& shape, const json& mean) {
   Array<double> a = Array<double>::from_shape(shape);
-  std::uint64_t state = seed.get<std::uint64_t>();
-  for (double& x : a) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    x = double(state >> 40) / 4194304.0 - 2.0 + mean.get<double>();
-  }
+  Lcg lcg{seed.get<std::uint64_t>()};
+  for (double& x : a) x = double(lcg.next()) / 4194304.0 - 2.0 + mean.get<double>();
   return a;
 }
 
@@ -212,11 +218,8 @@ TEST_CASE("a float32 Transformer at T 600 is within twice PyTorch's error agains
   nn::TransformerConfig config = nn::parse_transformer_config(c.at("config").dump(), "float32_error_reference.json");
   IndexArray tokens = IndexArray::from_shape({B, T}), targets = IndexArray::from_shape({B, T});
   for (auto [ids, seed] : {std::pair{&tokens, c.at("token_seed")}, {&targets, c.at("target_seed")}}) {
-    std::uint64_t state = seed.get<std::uint64_t>();
-    for (std::int64_t& id : *ids) {
-      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-      id = std::int64_t((state >> 40) % config.vocab_size);
-    }
+    Lcg lcg{seed.get<std::uint64_t>()};
+    for (std::int64_t& id : *ids) id = std::int64_t(lcg.next() % config.vocab_size);
   }
   std::map<std::string, Array<double>> values;  // each exact in float32
   for (const json& p : c.at("parameters")) {

@@ -65,12 +65,24 @@ std::vector<std::string> split_by(const std::string& s, const std::string& by) {
   throw std::invalid_argument(fmt::format("<!--= {} -->: {}", query, why));
 }
 
-// FIELD or FIELD@STEP of one run; none where it is null or the curve has no such step.
-std::optional<double> field_of(const Json& run, const std::string& field, const std::string& query) {
+// A query and the runs of its experiment.
+struct Query {
+  const std::string& text;
+  const Json& runs;
+};
+
+// FIELD or FIELD@STEP of one run; none where it is null, or the run has no such field while others
+// of the experiment do (a task's probe), or the curve has no such step.
+std::optional<double> field_of(const Json& run, const std::string& field, const Query& q) {
+  const std::string& query = q.text;
   const auto at = field.find('@');
   const Json* value = nullptr;
   if (at == std::string::npos) {
-    if (!run.contains(field)) bad_query(query, fmt::format("the runs have no '{}'", field));
+    if (!run.contains(field)) {
+      if (std::none_of(q.runs.begin(), q.runs.end(), [&](const Json& r) { return r.contains(field); }))
+        bad_query(query, fmt::format("the runs have no '{}'", field));
+      return std::nullopt;
+    }
     value = &run.at(field);
   } else {
     const double step = std::stod(field.substr(at + 1));
@@ -83,12 +95,13 @@ std::optional<double> field_of(const Json& run, const std::string& field, const 
   return value->get<double>();
 }
 
-bool holds(const Json& run, const std::string& condition, const std::string& query) {
-  if (condition == "reached") return holds(run, "steps_to_target != null", query);
+bool holds(const Json& run, const std::string& condition, const Query& q) {
+  const std::string& query = q.text;
+  if (condition == "reached") return holds(run, "steps_to_target != null", q);
   static const std::regex form(R"(^([A-Za-z0-9_@.-]+) *(>=|<=|==|!=|>|<) *(null|[-0-9.e]+)$)");
   std::smatch m;
   if (!std::regex_match(condition, m, form)) bad_query(query, fmt::format("'{}' is not FIELD OP VALUE", condition));
-  const std::optional<double> v = field_of(run, m[1], query);
+  const std::optional<double> v = field_of(run, m[1], q);
   const std::string op = m[2];
   if (m[3] == "null") {
     if (op != "==" && op != "!=") bad_query(query, "null compares by == or != alone");
@@ -145,6 +158,7 @@ std::string doc_number(const std::string& query) {
   const std::vector<std::string> parts = split_by(query, "|");
   if (parts.size() != 3) bad_query(query, "not EXPERIMENT | RUNS | STATISTIC");
   const Json& results = results_of(parts[0]);
+  const Query q{query, results.at("runs")};
   // The runs.
   std::string labels = parts[1], where;
   if (const auto at = labels.find(" where "); at != std::string::npos)
@@ -164,7 +178,7 @@ std::string doc_number(const std::string& query) {
         chosen = chosen && std::find(either.begin(), either.end(), value) != either.end();
       }
     if (!where.empty())
-      for (const std::string& condition : split_by(where, ", ")) chosen = chosen && holds(run, condition, query);
+      for (const std::string& condition : split_by(where, ", ")) chosen = chosen && holds(run, condition, q);
     if (chosen) runs.push_back(&run);
   }
   if (runs.empty()) bad_query(query, "no run is chosen");
@@ -175,7 +189,7 @@ std::string doc_number(const std::string& query) {
   if (name == "count" || name == "wilson") {
     const std::vector<std::string> conditions = split_by(rest, ", ");  // each must hold
     const std::size_t k = std::size_t(std::count_if(runs.begin(), runs.end(), [&](const Json* r) {
-      return std::all_of(conditions.begin(), conditions.end(), [&](const std::string& c) { return holds(*r, c, query); });
+      return std::all_of(conditions.begin(), conditions.end(), [&](const std::string& c) { return holds(*r, c, q); });
     }));
     if (name == "count") return fmt::format("{} of {}", k, runs.size());
     const auto [lo, hi] = sweep::wilson_interval(k, runs.size());
@@ -185,7 +199,7 @@ std::string doc_number(const std::string& query) {
   if (words.size() != 2) bad_query(query, fmt::format("'{}' is not STATISTIC FIELD FORMAT", statistic));
   std::vector<double> values;
   for (const Json* r : runs)
-    if (const auto v = field_of(*r, words[0], query)) values.push_back(*v);
+    if (const auto v = field_of(*r, words[0], q)) values.push_back(*v);
   if (values.empty()) bad_query(query, fmt::format("'{}' is null in every run chosen", words[0]));
   std::sort(values.begin(), values.end());
   const report::Stats s = report::stats(values);

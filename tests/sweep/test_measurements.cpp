@@ -28,7 +28,7 @@ std::unique_ptr<nn::Transformer> tied_rps(float q_scale) {
 }
 
 // The self_attention measurement of a model for rps on one sequence of its four items.
-nlohmann::ordered_json self_attention_of(const nn::Transformer& m) {
+nlohmann::ordered_json self_attention_of(nn::Transformer& m) {
   nlohmann::ordered_json run;
   measurement("self_attention").extras.at_end(run, m, *tasks::make_task("rps"), Sequences{{0, 1, 2, 3}});
   return run;
