@@ -1,6 +1,7 @@
 #include "tests/helpers.hpp"
 
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <regex>
@@ -415,7 +416,7 @@ TEST_CASE("steps chart: each panel's legend sits under that panel, naming only t
     }
 }
 
-TEST_CASE("the docs' experiment tables are those of the committed results") {
+TEST_CASE("the docs' experiment tables and charts are those of the committed results") {
   // docs/experiments/NAME/results.json holds every run of a full run; table.md beside it and the
   // table in docs/experiments.md must be what the runner makes of those runs.
   const std::filesystem::path docs = std::filesystem::path(QKV_SOURCE_DIR) / "docs";
@@ -434,10 +435,21 @@ TEST_CASE("the docs' experiment tables are those of the committed results") {
     CHECK(results.at("steps") == file.at("fixed").at("steps"));
     CHECK(results.at("runs").size() == sweep::parse_sweep(file, name).runs.size());
     for (const auto& run : results.at("runs")) CHECK(run.at("curve").back().at("accuracy") == run.at("accuracy"));
+    // The table and the charts, as the runner makes them of the committed runs; with
+    // QKV_WRITE_DOCS=1 in the environment, written where they differ (a label renamed, say).
     const std::string table = experiment_table(name, results.at("runs"));
-    std::ifstream table_in(docs / "experiments" / name / "table.md");
-    const std::string committed((std::istreambuf_iterator<char>(table_in)), std::istreambuf_iterator<char>());
-    CHECK(committed == table);
+    const auto [chart, curves] = experiment_charts(name, results.at("runs"));
+    std::vector<std::pair<std::string, std::string>> files = {{"table.md", table}, {name + ".svg", chart}};
+    for (const auto& [key, svg] : curves) files.emplace_back(fmt::format("{}-{}.svg", name, key), svg);
+    for (const auto& [file, made] : files) {
+      INFO(file);
+      const std::filesystem::path path = docs / "experiments" / name / file;
+      std::ifstream file_in(path);
+      const std::string committed((std::istreambuf_iterator<char>(file_in)), std::istreambuf_iterator<char>());
+      CHECK(committed == made);
+      if (const char* write = std::getenv("QKV_WRITE_DOCS"); write && std::string(write) == "1" && committed != made)
+        nn::write_atomically(path.string(), made);
+    }
     CHECK(page.find(table) != std::string::npos);
   }
 }
