@@ -82,6 +82,21 @@ std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Tran
   return score_asymmetries(model.forward(one_row(input), true));
 }
 
+std::vector<HeadComposition> compositions(const nn::Transformer& model) {
+  std::vector<HeadComposition> out;
+  const std::size_t heads = model.config().heads;
+  for (std::size_t l1 = 0; l1 < model.blocks.size(); ++l1)
+    for (std::size_t h1 = 0; h1 < heads; ++h1)
+      for (std::size_t l2 = l1 + 1; l2 < model.blocks.size(); ++l2)
+        for (std::size_t h2 = 0; h2 < heads; ++h2) {
+          const auto score = [&](nn::Composition kind) {
+            return nn::composition_score(model.blocks[l1]->attn, h1, model.blocks[l2]->attn, h2, kind);
+          };
+          out.push_back({l1, h1, l2, h2, score(nn::Composition::q), score(nn::Composition::k), score(nn::Composition::v)});
+        }
+  return out;
+}
+
 Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input, const std::string& dir) {
   const nn::TransformerConfig& c = model.config();
   if (input.empty()) fail("inspect", "the input holds no tokens");
@@ -159,16 +174,7 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
     }
     r.layers.push_back(std::move(heads));
   }
-  for (std::size_t l1 = 0; l1 < model.blocks.size(); ++l1)
-    for (std::size_t h1 = 0; h1 < c.heads; ++h1)
-      for (std::size_t l2 = l1 + 1; l2 < model.blocks.size(); ++l2)
-        for (std::size_t h2 = 0; h2 < c.heads; ++h2) {
-          const auto score = [&](nn::Composition kind) {
-            return nn::composition_score(model.blocks[l1]->attn, h1, model.blocks[l2]->attn, h2, kind);
-          };
-          r.composition.push_back({l1, h1, l2, h2, score(nn::Composition::q), score(nn::Composition::k),
-                                   score(nn::Composition::v)});
-        }
+  r.composition = compositions(model);
   return r;
 }
 

@@ -97,6 +97,9 @@ std::vector<std::int64_t> typical_input(const Task& task);
 std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Transformer& model,
                                                                   const std::vector<std::int64_t>& input);
 
+// Every head of each layer into every head of each later layer, writer by writer.
+std::vector<HeadComposition> compositions(const nn::Transformer& model);
+
 // Everything `qkv inspect` shows, for `input` (token ids; at most the model's max_len).
 Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input,
                    const std::string& dir = "");

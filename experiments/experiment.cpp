@@ -12,6 +12,7 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/report/charts.hpp"
+#include "qkv/report/statistics.hpp"
 #include "qkv/experiments/detail/shipped_files.hpp"
 #include "qkv/sweep/measurements.hpp"
 #include "qkv/sweep/sweep.hpp"
@@ -39,11 +40,16 @@ std::string variant_of(const nn::TransformerConfig& c) {
   return nn::name_of(c.qk);  // untied, tied or symmetric
 }
 
-std::string mean_sd(const std::vector<double>& v, const char* format) {
+// "0.471 ± 0.284 (0.371–0.574)": the mean ± the sample sd over seeds, and the 95% bootstrap interval
+// of the mean where it is not the mean itself at this precision.
+std::string mean_cell(const std::vector<double>& v, const char* format) {
   const Stats s = stats(v);
   if (s.n == 0) return "-";
-  const std::string mean = fmt::format(fmt::runtime(format), s.mean);
-  return s.n == 1 ? mean : mean + " ± " + fmt::format(fmt::runtime(format), s.sd);
+  const auto f = [&](double x) { return fmt::format(fmt::runtime(format), x); };
+  if (s.n == 1) return f(s.mean);
+  const auto [lo, hi] = bootstrap_mean_interval(v);
+  const std::string cell = f(s.mean) + " ± " + f(s.sd);
+  return f(lo) == f(s.mean) && f(hi) == f(s.mean) ? cell : fmt::format("{} ({}–{})", cell, f(lo), f(hi));
 }
 
 // `key` at `step` of each run's curve.
@@ -68,7 +74,7 @@ std::string experiment_table(const std::vector<std::string>& measure, const Json
   const bool short_budget = same_steps && steps > report_step;
   if (short_budget) header.push_back(fmt::format("accuracy at step {}", report_step));
   header.push_back(same_steps ? fmt::format("accuracy at step {}", steps) : std::string("accuracy at the end"));
-  header.insert(header.end(), {"steps to target", "σ init", "σ", "asymmetry init", "asymmetry"});
+  header.insert(header.end(), {"reached target", "steps to target", "σ init", "σ", "asymmetry init", "asymmetry"});
   // The experiment's own columns, then those of each task's probe.
   std::vector<Column> extras;
   for (const std::string& m : measure)
@@ -87,16 +93,19 @@ std::string experiment_table(const std::vector<std::string>& measure, const Json
     std::vector<std::string> cells;
     for (const auto& [key, value] : g.labels.items())
       cells.push_back(value.is_string() ? value.get<std::string>() : value.dump());
-    if (short_budget) cells.push_back(mean_sd(curve_values(g, report_step, "accuracy"), "{:.3f}"));
-    cells.push_back(mean_sd(run_values(g, "accuracy"), "{:.3f}"));
+    if (short_budget) cells.push_back(mean_cell(curve_values(g, report_step, "accuracy"), "{:.3f}"));
+    cells.push_back(mean_cell(run_values(g, "accuracy"), "{:.3f}"));
+    // k of n (95% Wilson interval); the steps of those that reached it as median (min–max).
     const std::vector<double> reached = run_values(g, "steps_to_target");
-    cells.push_back(reached.empty() ? fmt::format("not reached (0/{})", g.runs.size())
-                                    : fmt::format("{} ({}/{})", mean_sd(reached, "{:.0f}"), reached.size(), g.runs.size()));
-    cells.push_back(mean_sd(run_values(g, "sigma_init"), "{:.3f}"));
-    cells.push_back(mean_sd(run_values(g, "sigma"), "{:.3f}"));
-    cells.push_back(mean_sd(run_values(g, "score_asymmetry_init"), "{:.3f}"));
-    cells.push_back(mean_sd(run_values(g, "score_asymmetry"), "{:.3f}"));
-    for (const Column& x : extras) cells.push_back(mean_sd(run_values(g, x.key.c_str()), x.format.c_str()));
+    const auto [lo, hi] = wilson_interval(reached.size(), g.runs.size());
+    cells.push_back(fmt::format("{} of {} ({:.0f}–{:.0f}%)", reached.size(), g.runs.size(), 100 * lo, 100 * hi));
+    const auto [fastest, slowest] = std::minmax_element(reached.begin(), reached.end());
+    cells.push_back(reached.empty()       ? std::string("-")
+                    : reached.size() == 1 ? fmt::format("{:.0f}", reached[0])
+                                          : fmt::format("{:.0f} ({:.0f}–{:.0f})", median(reached), *fastest, *slowest));
+    for (const char* key : {"sigma_init", "sigma", "score_asymmetry_init", "score_asymmetry"})
+      cells.push_back(mean_cell(run_values(g, key), "{:.3f}"));
+    for (const Column& x : extras) cells.push_back(mean_cell(run_values(g, x.key.c_str()), x.format.c_str()));
     out += "| " + fmt::format("{}", fmt::join(cells, " | ")) + " |\n";
   }
   return out;

@@ -66,10 +66,11 @@ std::string experiment_description(const std::string& name);
 nlohmann::ordered_json experiment_sweep(const ExperimentOptions& options);
 
 // The markdown table of an experiment's runs: a row per configuration (the runs with the same
-// labels) with the mean ± std over its seeds of the accuracy at step report_step (of runs that
-// went past it) and at the end, steps to target (and how many reached it), σ and the score
-// asymmetry at init and at the end, the columns of the sweep's measurements (`measure`) and those
-// of each task's probe.
+// labels) with, over its seeds, the accuracy at step report_step (of runs that went past it) and at
+// the end, σ and the score asymmetry at init and at the end, the columns of the sweep's
+// measurements (`measure`) and those of each task's probe, each as mean ± sample sd (95% bootstrap
+// interval of the mean, report::bootstrap_mean_interval); how many runs reached the task's target,
+// "k of n (lo–hi%)" with the 95% Wilson interval; and the steps they took, as median (min–max).
 std::string experiment_table(const std::vector<std::string>& measure, const nlohmann::ordered_json& runs);
 // The table of a shipped experiment's runs, with the measurements its file names.
 std::string experiment_table(const std::string& name, const nlohmann::ordered_json& runs);

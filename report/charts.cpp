@@ -23,10 +23,22 @@ std::vector<RunGroup> group_runs(const Json& runs) {
   return groups;
 }
 
+const Json* value_at(const Json& run, const std::string& path) {
+  const Json* at = &run;
+  for (std::size_t from = 0;;) {
+    const std::size_t dot = path.find('.', from);
+    const std::string key = path.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
+    if (!at->is_object() || !at->contains(key)) return nullptr;
+    at = &at->at(key);
+    if (dot == std::string::npos) return at;
+    from = dot + 1;
+  }
+}
+
 std::vector<double> run_values(const RunGroup& g, const char* key) {
   std::vector<double> v;
   for (const auto* r : g.runs)
-    if (r->contains(key) && !r->at(key).is_null()) v.push_back(r->at(key).get<double>());
+    if (const Json* x = value_at(*r, key); x && !x->is_null()) v.push_back(x->is_boolean() ? double(x->get<bool>()) : x->get<double>());
   return v;
 }
 
@@ -35,19 +47,6 @@ std::string label_text(const Json& labels) {
   for (const auto& [key, value] : labels.items())
     out += (out.empty() ? "" : " / ") + (value.is_string() ? value.get<std::string>() : value.dump());
   return out;
-}
-
-Stats stats(const std::vector<double>& v) {
-  Stats s;
-  s.n = v.size();
-  if (v.empty()) return s;
-  for (double x : v) s.mean += x;
-  s.mean /= double(v.size());
-  if (v.size() > 1) {
-    for (double x : v) s.sd += (x - s.mean) * (x - s.mean);
-    s.sd = std::sqrt(s.sd / double(v.size() - 1));
-  }
-  return s;
 }
 
 namespace {

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qkv/report/statistics.hpp"
+
 namespace qkv::report {
 
 // The runs of one configuration (the same labels), in the order the runs first name them.
@@ -17,17 +19,15 @@ struct RunGroup {
   std::vector<const nlohmann::ordered_json*> runs;
 };
 std::vector<RunGroup> group_runs(const nlohmann::ordered_json& runs);
-// The value of `key` in each run of the group that has one (not null).
+// The value at `path` of a run: a key, or keys joined by dots into nested objects ("ablation.L0H0.zero");
+// none when a key is missing.
+const nlohmann::ordered_json* value_at(const nlohmann::ordered_json& run, const std::string& path);
+// The value at `key` (a path, as value_at's) in each run of the group that has one (a number or a
+// boolean, as 1 or 0; not null).
 std::vector<double> run_values(const RunGroup& group, const char* key);
 
 // "brackets / causal / tied": the labels' values.
 std::string label_text(const nlohmann::ordered_json& labels);
-
-struct Stats {
-  double mean = 0, sd = 0;  // sd: sample standard deviation; 0 for one value
-  std::size_t n = 0;
-};
-Stats stats(const std::vector<double>& values);
 
 // Horizontal bars of mean final accuracy with ±1 std whiskers and every seed as a dot.
 std::string accuracy_chart(const std::string& name, const nlohmann::ordered_json& runs);

@@ -7,10 +7,14 @@
 
 #include <fmt/format.h>
 
+#include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/inspect.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/random.hpp"
+#include "qkv/nn/circuits.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/evaluate.hpp"
+#include "qkv/tasks/registry.hpp"
 #include "qkv/tasks/find_spec.hpp"
 
 namespace qkv::sweep {
@@ -62,17 +66,18 @@ void init_attention(Json& run, nn::Transformer& m, const Task& task, const Seque
 }
 
 // At the end, on the held-out sequences: how much each query attends its own position (the mean
-// weight on it, and the share of queries whose largest weight it is, over every head and every
-// query with another key to choose), and how much the queries' lengths |q_i| differ (their sd over
-// their mean, per head and sequence, averaged). Tied and identity heads score a Gram matrix, where
-// a query at least as long as another position's scores itself at least as high as that position.
+// weight on it, and the share of queries whose largest weight it is) and the keys holding its own
+// token (itself among them), over every head and every query with another key to choose; and how
+// much the queries' lengths |q_i| differ (their sd over their mean, per head and sequence,
+// averaged). Tied and identity heads score a Gram matrix, where a query at least as long as another
+// position's scores itself at least as high as that position.
 void self_attention(Json& run, nn::Transformer& m, const Task&, const Sequences& inputs) {
   NoGradGuard no_grad;
   const auto point = [](std::size_t l, const char* name) { return fmt::format("blocks.{}.attn.{}", l, name); };
   std::vector<std::string> points;
   for (std::size_t l = 0; l < m.blocks.size(); ++l)
     for (const char* name : {"hook_q", "hook_attn_scores", "hook_pattern"}) points.push_back(point(l, name));
-  double weight = 0, top = 0, spread = 0;
+  double weight = 0, top = 0, token_weight = 0, token_top = 0, spread = 0;
   std::size_t queries = 0, heads = 0;
   for (const auto& input : inputs) {
     const nn::ActivationCache cache = m.run_with_cache(tasks::one_row(input), points);
@@ -86,13 +91,17 @@ void self_attention(Json& run, nn::Transformer& m, const Task&, const Sequences&
         for (std::size_t i = 0; i < T; ++i) {
           // Another key it may attend: a finite score (a weight can round to 0 beside a far larger one).
           std::size_t others = 0, best = 0;
+          double same = 0;
           for (std::size_t j = 0; j < T; ++j) {
             others += j != i && std::isfinite(s(0, h, i, j));
             if (w(0, h, i, j) > w(0, h, i, best)) best = j;
+            if (input[j] == input[i]) same += w(0, h, i, j);
           }
           if (others == 0) continue;  // the first query of a causal layer sees itself alone
           weight += w(0, h, i, i);
           top += best == i;
+          token_weight += same;
+          token_top += input[best] == input[i];
           ++queries;
         }
         double sum = 0, squares = 0;  // of the lengths |q_i|
@@ -107,9 +116,64 @@ void self_attention(Json& run, nn::Transformer& m, const Task&, const Sequences&
     }
   }
   // None where no query had another key to choose (no head with a query of nonzero length).
-  run["self_weight"] = queries ? Json(weight / double(queries)) : Json();
-  run["self_top"] = queries ? Json(top / double(queries)) : Json();
+  const auto share = [&](double x) { return queries ? Json(x / double(queries)) : Json(); };
+  run["self_weight"] = share(weight);
+  run["self_top"] = share(top);
+  run["same_token_weight"] = share(token_weight);
+  run["same_token_top"] = share(token_top);
   run["query_length_cv"] = heads ? Json(spread / double(heads)) : Json();
+}
+
+// "L1H0": a head as `qkv inspect` and `qkv ablate` name it.
+std::string head_name(std::size_t layer, std::size_t head) { return fmt::format("L{}H{}", layer, head); }
+
+// The readout head's token table (query token, key token: the score it gives when the stream holds
+// that token's embedding alone, as `qkv inspect` draws it), by the tokens' names.
+void token_table(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
+  NoGradGuard no_grad;
+  const Array<double> t = analysis::head_matrix(nn::table_scores(*m.blocks.back(), m.tok.weight), 0);
+  Json table = Json::object();
+  for (std::size_t q = 0; q < t.shape()[0]; ++q)
+    for (std::size_t k = 0; k < t.shape()[1]; ++k)
+      table[task.token_name(std::int64_t(q))][task.token_name(std::int64_t(k))] = t(q, k);
+  run["token_qk"] = std::move(table);
+}
+
+// Each earlier head's Q-, K- and V-composition into each later head: {"L0H0": {"L1H0": {q, k, v}}}.
+Json composition(const nn::Transformer& m) {
+  Json out = Json::object();
+  for (const analysis::HeadComposition& c : analysis::compositions(m))
+    out[head_name(c.from_layer, c.from_head)][head_name(c.to_layer, c.to_head)] = {{"q", c.q}, {"k", c.k}, {"v", c.v}};
+  return out;
+}
+
+// Each head ablated in turn (`qkv ablate`'s defaults: 1,024 held-out sequences from seed 1, patched
+// with the task's corruption where it has one): the clean and corrupted accuracy, and for each head
+// the model reads its accuracy zero- and mean-ablated, the shares of noising and denoising, and
+// whether the task needs it; how many heads it needs, in all and per layer.
+void ablation(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
+  const std::string& name = task.info().name;
+  const std::vector<std::string> known = tasks::task_names();
+  const std::optional<tasks::Corruption> corruption =
+      std::find(known.begin(), known.end(), name) != known.end() ? tasks::task_spec(name).corruption : std::nullopt;
+  const analysis::Ablation a = analysis::ablate(m, task, corruption, 32, 32, 1);
+  const auto optional = [](const std::optional<double>& x) { return x ? Json(*x) : Json(); };
+  Json out = {{"clean", a.clean.accuracy}, {"corrupted", a.corrupted ? Json(a.corrupted->accuracy) : Json()}};
+  std::vector<std::size_t> by_layer(m.blocks.size(), 0);
+  std::size_t needed = 0;
+  for (const analysis::HeadAblation& h : a.heads) {
+    if (!h.read) continue;
+    out[head_name(h.layer, h.head)] = {{"zero", h.zero.accuracy},
+                                       {"mean", h.mean.accuracy},
+                                       {"noising_share", optional(h.noising_share)},
+                                       {"denoising_share", optional(h.denoising_share)},
+                                       {"needed", h.needed}};
+    needed += h.needed;
+    by_layer[h.layer] += h.needed;
+  }
+  out["needed"] = needed;
+  out["needed_by_layer"] = by_layer;
+  run["ablation"] = std::move(out);
 }
 
 // Bytes the KV caches of all layers hold per token of one sequence, measured on a real cache.
@@ -153,12 +217,35 @@ const std::vector<Measurement>& measurement_registry() {
                     run["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(trained, sequences.front());
                   }}},
       {.name = "self_attention",
-       .help = "at the end: the mean weight each query puts on its own position, the share of queries whose largest "
-               "weight it is, and the spread (sd/mean) of the queries' lengths |q_i|",
+       .help = "at the end: the mean weight each query puts on its own position and on the keys holding its own "
+               "token, the share of queries whose largest weight is on them, and the spread (sd/mean) of the queries' "
+               "lengths |q_i|",
        .columns = {{"self_weight", "weight on self", "{:.3f}"},
                    {"self_top", "self the top key", "{:.3f}"},
+                   {"same_token_weight", "weight on own token", "{:.3f}"},
+                   {"same_token_top", "own token the top key", "{:.3f}"},
                    {"query_length_cv", "|q| sd/mean", "{:.3f}"}},
        .extras = {.at_init = {}, .at_end = self_attention}},
+      {.name = "token_table",
+       .help = "at the end: the readout head's token table (the score of each query token for each key token, from "
+               "their embeddings alone, as qkv inspect draws it), by the tokens' names",
+       .columns = {},
+       .extras = {.at_init = {}, .at_end = token_table}},
+      {.name = "composition",
+       .help = "at init and at the end: each earlier head's Q-, K- and V-composition into each later head",
+       .columns = {},
+       .extras = {.at_init = [](Json& run, nn::Transformer& init, const Task&, const Sequences&,
+                                std::uint64_t) { run["composition_init"] = composition(init); },
+                  .at_end = [](Json& run, nn::Transformer& trained, const Task&,
+                               const Sequences&) { run["composition"] = composition(trained); }},
+       .check = [](const tasks::TrainOptions& o) -> std::string {
+         return o.model.layers < 2 ? "composition needs two layers or more" : "";
+       }},
+      {.name = "ablation",
+       .help = "at the end: each head zero- and mean-ablated and, where the task has a corrupted input, patched both "
+               "ways, as qkv ablate does on 1,024 held-out sequences (seed 1)",
+       .columns = {{"ablation.needed", "heads needed", "{:.2f}"}},
+       .extras = {.at_init = {}, .at_end = ablation}},
       {.name = "longer_lengths",
        .help = "at the end: accuracy on 1,024 held-out sequences of each range of lengths longer than the task trains on",
        .columns = longer_columns(),

@@ -4,8 +4,13 @@
 //   init_attention  at init: the mean entropy and largest weight of the attention rows, and
 //                   ‖∂loss/∂W_q‖ on one training batch (what 1/√d_head does)
 //   kv_cache        at the end: the bytes the KV caches hold per token of a sequence (GQA, MQA)
-//   self_attention  at the end: how much each query attends its own position, and how much the
-//                   queries' lengths |q_i| differ (what a Gram matrix of tied heads favours)
+//   self_attention  at the end: how much each query attends its own position and its own token,
+//                   and how much the queries' lengths |q_i| differ (what a Gram matrix of tied
+//                   heads favours)
+//   token_table     at the end: the readout head's token table, by the tokens' names
+//   composition     at init and at the end: each earlier head's Q-, K- and V-composition into each
+//                   later head
+//   ablation        at the end: each head ablated and patched, as `qkv ablate` does
 //   longer_lengths  at the end: accuracy on the task's longer sequences than it trains on
 #include <functional>
 #include <string>

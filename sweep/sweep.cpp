@@ -366,8 +366,7 @@ ResultsTable results_table(const Sweep& sweep, const Json& results) {
                       : key == "id" || key == "task" || key == "seed"                            ? &r.at(key)
                       : std::count(label_keys.begin(), label_keys.end(), key) && labels.contains(key) ? &labels.at(key)
                       : options.contains(key)                                                    ? &options.at(key)
-                      : r.contains(key)                                                          ? &r.at(key)
-                                                                                                 : nullptr;
+                                                                                                 : report::value_at(r, key);
       cells.push_back(v ? *v : null);
     }
   }
@@ -806,15 +805,6 @@ std::string write_slurm_script(const Sweep& sweep, const SlurmOptions& o) {
   return path;
 }
 
-std::pair<double, double> wilson_interval(std::size_t k, std::size_t n) {
-  if (n == 0) return {0, 1};
-  const double z = 1.959963984540054, p = double(k) / double(n), N = double(n);
-  const double centre = (p + z * z / (2 * N)) / (1 + z * z / N);
-  const double half = z * std::sqrt(p * (1 - p) / N + z * z / (4 * N * N)) / (1 + z * z / N);
-  // At k = 0 and k = n the bound is 0 or 1 exactly (centre ∓ half cancel; rounding would not).
-  return {k == 0 ? 0.0 : std::max(0.0, centre - half), k == n ? 1.0 : std::min(1.0, centre + half)};
-}
-
 std::string summary_table(const Sweep& sweep, const Json& results) {
   // Configurations in the sweep's order: the task and the grid's values.
   std::vector<std::string> order;
@@ -855,7 +845,7 @@ std::string summary_table(const Sweep& sweep, const Json& results) {
       reached += accuracy.back() >= target;
     }
     const report::Stats s = report::stats(accuracy);
-    const auto [lo, hi] = wilson_interval(reached, accuracy.size());
+    const auto [lo, hi] = report::wilson_interval(reached, accuracy.size());
     out += fmt::format("| {} | {} | {} | {} | {} |\n", l, groups[l].size(), failed,
                        s.n == 0 ? std::string("-") : fmt::format("{:.3f} ± {:.3f} (n = {})", s.mean, s.sd, s.n),
                        s.n == 0 ? std::string("-")

@@ -153,7 +153,4 @@ ResultsTable results_table(const Sweep& sweep, const nlohmann::ordered_json& res
 // task's target with a 95% Wilson interval.
 std::string summary_table(const Sweep& sweep, const nlohmann::ordered_json& results);
 
-// The 95% Wilson score interval of k successes in n trials.
-std::pair<double, double> wilson_interval(std::size_t k, std::size_t n);
-
 }  // namespace qkv::sweep

@@ -1,25 +1,13 @@
-// The numbers docs/experiments.md reads from the committed results carry the query that makes them:
+// The numbers the docs read from the committed results carry the query that makes them:
 //
 //   <!--= EXPERIMENT | RUNS | STATISTIC -->TEXT<!--/-->
 //
-// (Markdown shows TEXT alone). The test evaluates every query on docs/experiments/EXPERIMENT/
-// results.json and checks its TEXT. Run with QKV_WRITE_DOCS=1 in the environment, it writes the
-// page with every TEXT made anew instead, after new results (and still fails where a TEXT was
+// (Markdown shows TEXT alone): `RUNS | STATISTIC` is a query of experiments/query.hpp on the runs
+// of docs/experiments/EXPERIMENT/results.json. The test makes every query of README.md and of each
+// page of docs/ anew and checks its TEXT. Run with QKV_WRITE_DOCS=1 in the environment, it writes
+// the pages with every TEXT made anew instead, after new results (and still fails where a TEXT was
 // stale): then read the diff, since a reading the new numbers no longer support is for a person to
 // rewrite.
-//
-//   RUNS       `*` (every run), or labels `key=value, key=value` (the runs whose "labels" have
-//              them; `key=a / b` takes either value), then optionally `where COND, COND` (the
-//              runs for which each holds)
-//   STATISTIC  count COND   "k of n": how many of the runs COND holds for (COND, COND: each)
-//              wilson COND  "lo–hi%": the 95% Wilson interval of that count
-//              mean FIELD FMT, sd, min, max, range (min–max), mean±sd, median
-//   FIELD      a number of each run's results (accuracy, steps_to_target, sigma, …), or
-//              FIELD@STEP, its value on the run's curve at STEP; runs where it is null are left out
-//   COND       FIELD OP VALUE, OP one of >= > <= < == !=, VALUE a number or null; `reached` for
-//              steps_to_target != null (the run reached its task's target on a check)
-//   FMT        % (a percentage, 1 decimal), %N (N decimals), .N (N decimals), int (whole, thousands
-//              apart by commas)
 #include "tests/helpers.hpp"
 
 #include <algorithm>
@@ -28,7 +16,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <regex>
 #include <stdexcept>
 #include <string>
@@ -37,110 +24,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "qkv/report/charts.hpp"
-#include "qkv/sweep/sweep.hpp"
+#include "qkv/experiments/query.hpp"
+#include "qkv/report/statistics.hpp"
 
 using namespace qkv;
 using Json = nlohmann::ordered_json;
 
 namespace {
-
-std::string trimmed(const std::string& s) {
-  const auto first = s.find_first_not_of(' '), last = s.find_last_not_of(' ');
-  return first == std::string::npos ? "" : s.substr(first, last - first + 1);
-}
-
-// The parts of s between each `by`, trimmed.
-std::vector<std::string> split_by(const std::string& s, const std::string& by) {
-  std::vector<std::string> out;
-  for (std::size_t from = 0;;) {
-    const auto at = s.find(by, from);
-    out.push_back(trimmed(s.substr(from, at == std::string::npos ? std::string::npos : at - from)));
-    if (at == std::string::npos) return out;
-    from = at + by.size();
-  }
-}
-
-[[noreturn]] void bad_query(const std::string& query, const std::string& why) {
-  throw std::invalid_argument(fmt::format("<!--= {} -->: {}", query, why));
-}
-
-// A query and the runs of its experiment.
-struct Query {
-  const std::string& text;
-  const Json& runs;
-};
-
-// FIELD or FIELD@STEP of one run; none where it is null, or the run has no such field while others
-// of the experiment do (a task's probe), or the curve has no such step.
-std::optional<double> field_of(const Json& run, const std::string& field, const Query& q) {
-  const std::string& query = q.text;
-  const auto at = field.find('@');
-  const Json* value = nullptr;
-  if (at == std::string::npos) {
-    if (!run.contains(field)) {
-      if (std::none_of(q.runs.begin(), q.runs.end(), [&](const Json& r) { return r.contains(field); }))
-        bad_query(query, fmt::format("the runs have no '{}'", field));
-      return std::nullopt;
-    }
-    value = &run.at(field);
-  } else {
-    const double step = std::stod(field.substr(at + 1));
-    for (const Json& point : run.at("curve"))
-      if (point.at("step").get<double>() == step) value = &point.at(field.substr(0, at));
-    if (!value) bad_query(query, fmt::format("no run's curve has step {}", step));
-  }
-  if (value->is_null()) return std::nullopt;
-  if (!value->is_number()) bad_query(query, fmt::format("'{}' is not a number", field));
-  return value->get<double>();
-}
-
-bool holds(const Json& run, const std::string& condition, const Query& q) {
-  const std::string& query = q.text;
-  if (condition == "reached") return holds(run, "steps_to_target != null", q);
-  static const std::regex form(R"(^([A-Za-z0-9_@.-]+) *(>=|<=|==|!=|>|<) *(null|[-0-9.e]+)$)");
-  std::smatch m;
-  if (!std::regex_match(condition, m, form)) bad_query(query, fmt::format("'{}' is not FIELD OP VALUE", condition));
-  const std::optional<double> v = field_of(run, m[1], q);
-  const std::string op = m[2];
-  if (m[3] == "null") {
-    if (op != "==" && op != "!=") bad_query(query, "null compares by == or != alone");
-    return (op == "==") == !v.has_value();
-  }
-  if (!v) return false;
-  const double x = std::stod(m[3]);
-  return op == ">=" ? *v >= x : op == "<=" ? *v <= x : op == ">" ? *v > x : op == "<" ? *v < x : op == "==" ? *v == x
-                                                                                                        : *v != x;
-}
-
-// The decimals of a format % or %N (a percentage), or none.
-std::optional<int> percent_decimals(const std::string& format) {
-  if (format == "%") return 1;
-  if (format.size() == 2 && format[0] == '%' && std::isdigit(static_cast<unsigned char>(format[1]))) return format[1] - '0';
-  return std::nullopt;
-}
-
-std::string formatted(double x, const std::string& format, const std::string& query) {
-  if (const auto d = percent_decimals(format)) return fmt::format("{:.{}f}%", 100 * x, *d);
-  if (format == "int") {  // 1,650: commas between groups of three digits
-    const std::string digits = fmt::format("{:.0f}", std::fabs(x));
-    std::string out = x < 0 ? "-" : "";
-    for (std::size_t i = 0; i < digits.size(); ++i) {
-      if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-      out += digits[i];
-    }
-    return out;
-  }
-  if (format.size() == 2 && format[0] == '.' && std::isdigit(static_cast<unsigned char>(format[1])))
-    return fmt::format("{:.{}f}", x, format[1] - '0');
-  bad_query(query, fmt::format("'{}' is no format (%, %N, .N or int)", format));
-}
-
-// A range or mean ± sd of percentages prints the sign once: "18.9–51.2%", "88.3% ± 3.8%".
-std::string range_text(double lo, double hi, const std::string& format, const std::string& query) {
-  if (const auto d = percent_decimals(format)) return fmt::format("{:.{}f}–{:.{}f}%", 100 * lo, *d, 100 * hi, *d);
-  return formatted(lo, format, query) + "–" + formatted(hi, format, query);
-}
 
 const Json& results_of(const std::string& experiment) {
   static std::map<std::string, Json> loaded;
@@ -153,173 +43,152 @@ const Json& results_of(const std::string& experiment) {
   return it->second;
 }
 
-// The text a query makes.
-std::string doc_number(const std::string& query) {
-  const std::vector<std::string> parts = split_by(query, "|");
-  if (parts.size() != 3) bad_query(query, "not EXPERIMENT | RUNS | STATISTIC");
-  const Json& results = results_of(parts[0]);
-  const Query q{query, results.at("runs")};
-  // The runs.
-  std::string labels = parts[1], where;
-  if (const auto at = labels.find(" where "); at != std::string::npos)
-    where = trimmed(labels.substr(at + 7)), labels = trimmed(labels.substr(0, at));
-  std::vector<const Json*> runs;
-  for (const Json& run : results.at("runs")) {
-    bool chosen = true;
-    if (labels != "*")
-      for (const std::string& pair : split_by(labels, ", ")) {  // a label's value may hold a comma
-        const auto eq = pair.find('=');
-        if (eq == std::string::npos) bad_query(query, fmt::format("'{}' is not key=value", pair));
-        const std::string key = trimmed(pair.substr(0, eq));
-        const Json& l = run.at("labels");
-        if (!l.contains(key)) bad_query(query, fmt::format("the runs have no label '{}'", key));
-        const std::string value = l.at(key).is_string() ? l.at(key).get<std::string>() : l.at(key).dump();
-        const std::vector<std::string> either = split_by(pair.substr(eq + 1), " / ");
-        chosen = chosen && std::find(either.begin(), either.end(), value) != either.end();
-      }
-    if (!where.empty())
-      for (const std::string& condition : split_by(where, ", ")) chosen = chosen && holds(run, condition, q);
-    if (chosen) runs.push_back(&run);
-  }
-  if (runs.empty()) bad_query(query, "no run is chosen");
-  // The statistic.
-  const std::string statistic = parts[2];
-  const auto space = statistic.find(' ');
-  const std::string name = statistic.substr(0, space), rest = space == std::string::npos ? "" : trimmed(statistic.substr(space));
-  if (name == "count" || name == "wilson") {
-    const std::vector<std::string> conditions = split_by(rest, ", ");  // each must hold
-    const std::size_t k = std::size_t(std::count_if(runs.begin(), runs.end(), [&](const Json* r) {
-      return std::all_of(conditions.begin(), conditions.end(), [&](const std::string& c) { return holds(*r, c, q); });
-    }));
-    if (name == "count") return fmt::format("{} of {}", k, runs.size());
-    const auto [lo, hi] = sweep::wilson_interval(k, runs.size());
-    return fmt::format("{:.0f}–{:.0f}%", 100 * lo, 100 * hi);
-  }
-  const std::vector<std::string> words = split_by(rest, " ");
-  if (words.size() != 2) bad_query(query, fmt::format("'{}' is not STATISTIC FIELD FORMAT", statistic));
-  std::vector<double> values;
-  for (const Json* r : runs)
-    if (const auto v = field_of(*r, words[0], q)) values.push_back(*v);
-  if (values.empty()) bad_query(query, fmt::format("'{}' is null in every run chosen", words[0]));
-  std::sort(values.begin(), values.end());
-  const report::Stats s = report::stats(values);
-  const std::string& f = words[1];
-  if (name == "mean") return formatted(s.mean, f, query);
-  if (name == "sd") return formatted(s.sd, f, query);
-  if (name == "min") return formatted(values.front(), f, query);
-  if (name == "max") return formatted(values.back(), f, query);
-  if (name == "median") {
-    const std::size_t n = values.size();
-    return formatted(n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2, f, query);
-  }
-  if (name == "range") return range_text(values.front(), values.back(), f, query);
-  if (name == "mean±sd") return formatted(s.mean, f, query) + " ± " + formatted(s.sd, f, query);
-  bad_query(query, fmt::format("'{}' is no statistic", name));
+// The text a marker's query makes: its experiment's runs, queried.
+std::string doc_number(const std::string& marker) {
+  const auto bar = marker.find('|');
+  if (bar == std::string::npos) throw std::invalid_argument(fmt::format("'{}': not EXPERIMENT | RUNS | STATISTIC", marker));
+  const std::string experiment = marker.substr(0, marker.find_last_not_of(' ', bar - 1) + 1);
+  return experiments::query_runs(results_of(experiment).at("runs"), marker.substr(bar + 1));
 }
 
 }  // namespace
 
-TEST_CASE("doc numbers: each statistic of a query, on the symmetry results, by hand") {
-  // The tied induction runs, from the committed results themselves.
-  const Json& results = results_of("symmetry");
-  std::vector<double> accuracy;
-  std::size_t reached = 0;
-  for (const Json& run : results.at("runs"))
-    if (run.at("labels").at("task") == "induction" && run.at("labels").at("variant") == "tied") {
-      accuracy.push_back(run.at("accuracy").get<double>());
-      reached += !run.at("steps_to_target").is_null();
-    }
-  REQUIRE(accuracy.size() == 10);
-  std::sort(accuracy.begin(), accuracy.end());
-  const std::string tied = "symmetry | task=induction, variant=tied | ";
-  CHECK(doc_number(tied + "count steps_to_target != null") == fmt::format("{} of 10", reached));
-  CHECK(doc_number(tied + "count reached") == fmt::format("{} of 10", reached));
-  CHECK(doc_number(tied + "min accuracy %") == fmt::format("{:.1f}%", 100 * accuracy.front()));
-  CHECK(doc_number(tied + "range accuracy %") ==
-        fmt::format("{:.1f}–{:.1f}%", 100 * accuracy.front(), 100 * accuracy.back()));
-  CHECK(doc_number(tied + "max accuracy .3") == fmt::format("{:.3f}", accuracy.back()));
-  CHECK(doc_number(tied + "max accuracy %2") == fmt::format("{:.2f}%", 100 * accuracy.back()));
-  // where: the runs below 95%, every one counted.
-  const std::size_t below = std::size_t(std::count_if(accuracy.begin(), accuracy.end(), [](double a) { return a < 0.95; }));
-  CHECK(doc_number("symmetry | task=induction, variant=tied where accuracy < 0.95 | count accuracy < 0.95") ==
-        fmt::format("{} of {}", below, below));
-  // Wilson 95%: 0 of 10 is 0–28%, 10 of 10 72–100% (as sweep's summary prints them).
-  CHECK(doc_number("symmetry | task=cycle n=5, variant=tied | wilson steps_to_target != null") == "0–28%");
-  CHECK(doc_number("symmetry | task=cycle n=5, variant=untied | wilson steps_to_target != null") == "72–100%");
-  // Whole numbers with commas, and a field on the curve.
-  CHECK(doc_number("symmetry | * | max steps_to_target int").find(',') != std::string::npos);
-  double at_1000 = 0;
-  for (const Json& run : results.at("runs"))
-    if (run.at("labels").at("task") == "rps" && run.at("labels").at("variant") == "tied")
-      for (const Json& point : run.at("curve"))
-        if (point.at("step") == 1000) at_1000 += point.at("accuracy").get<double>() / 10;
-  CHECK(doc_number("symmetry | task=rps, variant=tied | mean accuracy@1000 %") == fmt::format("{:.1f}%", 100 * at_1000));
-  // sd (sample), mean ± sd, median, and whole numbers grouped by three, against the values by hand.
-  std::vector<double> steps;
-  for (const Json& run : results.at("runs"))
-    if (run.at("labels").at("task") == "induction" && run.at("labels").at("variant") == "symmetric")
-      steps.push_back(run.at("steps_to_target").get<double>());
-  REQUIRE(steps.size() == 10);
-  std::sort(steps.begin(), steps.end());
-  double m = 0, ss = 0;
-  for (double x : steps) m += x / 10;
-  for (double x : steps) ss += (x - m) * (x - m);
-  const double sd = std::sqrt(ss / 9);
-  const auto grouped = [](double x) {  // 1234.4 → "1,234"
-    const long v = std::lround(x);
-    return v >= 1000 ? fmt::format("{},{:03d}", v / 1000, v % 1000) : fmt::format("{}", v);
-  };
-  const std::string symmetric = "symmetry | task=induction, variant=symmetric | ";
-  CHECK(doc_number(symmetric + "sd steps_to_target .2") == fmt::format("{:.2f}", sd));
-  CHECK(doc_number(symmetric + "mean±sd steps_to_target int") == grouped(m) + " ± " + grouped(sd));
-  CHECK(doc_number(symmetric + "median steps_to_target int") == grouped((steps[4] + steps[5]) / 2));
-  CHECK(doc_number(symmetric + "max steps_to_target int") == grouped(steps.back()));
-  // Alternatives pool runs; conditions in `where` and in `count` must each hold.
-  CHECK(doc_number("symmetry | task=cycle n=3 / cycle n=5, variant=untied | count reached") == "20 of 20");
-  CHECK(doc_number("symmetry | task=induction, variant=tied / symmetric where accuracy >= 0.5, accuracy < 0.99 | count "
-                   "accuracy >= 0.5, accuracy < 0.99") ==
-        [&] {
-          std::size_t n = 0;
-          for (const Json& run : results.at("runs")) {
-            const auto& l = run.at("labels");
-            const double a = run.at("accuracy").get<double>();
-            n += l.at("task") == "induction" && (l.at("variant") == "tied" || l.at("variant") == "symmetric") && a >= 0.5 &&
-                 a < 0.99;
-          }
-          return fmt::format("{} of {}", n, n);
-        }());
-  // Bad queries name what is wrong.
-  CHECK_THROWS_WITH(doc_number("symmetry | task=rps | mean nothing %"), Catch::Contains("the runs have no 'nothing'"));
-  CHECK_THROWS_WITH(doc_number("symmetry | task=none | count accuracy > 0"), Catch::Contains("no run is chosen"));
-  CHECK_THROWS_WITH(doc_number("symmetry | * | mean accuracy %%"), Catch::Contains("is no format"));
-  CHECK_THROWS_WITH(doc_number("nosuch | * | count accuracy > 0"), Catch::Contains("no committed results of the experiment 'nosuch'"));
+namespace {
+
+// Runs as results.json holds them: `accuracy`, `steps_to_target`, an ablation and a token table in
+// nested objects, and a curve of three points.
+Json made_runs() {
+  Json runs = Json::array();
+  const double accuracy[] = {0.99, 0.5, 0.97, 0.2, 1.0, 0.96};
+  const Json reached[] = {300, nullptr, 1400, nullptr, 250, 900};
+  for (int i = 0; i < 6; ++i) {
+    Json run = {{"seed", i}, {"labels", {{"task", "induction"}, {"variant", i % 2 ? "tied" : "untied"}}},
+                {"accuracy", accuracy[i]}, {"steps_to_target", reached[i]}};
+    run["ablation"] = {{"L0H0", {{"zero", 0.1 * i}, {"needed", i < 4}}}};
+    run["token_qk"] = {{")", {{"(", 70.0 - i}, {"[", i % 3 ? -40.0 : 12.5}}}, {"[", {{")", 30.0 - 10 * i}}}};
+    run["curve"] = {{{"step", 0}, {"accuracy", 0.0}, {"top1_max", 0.0}},
+                    {{"step", 100}, {"accuracy", 0.1 * i}, {"top1_max", 0.5}},
+                    {{"step", 200}, {"accuracy", accuracy[i]}, {"top1_max", i == 3 ? 1.0 : 0.6}}};
+    runs.push_back(run);
+  }
+  return runs;
 }
 
-TEST_CASE("doc numbers: every number docs/experiments.md reads from the committed results is what its query makes") {
-  const std::filesystem::path page_path = std::filesystem::path(QKV_SOURCE_DIR) / "docs" / "experiments.md";
-  std::ifstream in(page_path);
+}  // namespace
+
+TEST_CASE("doc numbers: each statistic of a query, on runs made by hand") {
+  using experiments::query_runs;
+  const Json runs = made_runs();
+  // Untied: seeds 0, 2, 4 (0.99, 0.97, 1.0); tied: 1, 3, 5 (0.5, 0.2, 0.96).
+  CHECK(query_runs(runs, "variant=untied | count accuracy >= 0.98") == "2 of 3");
+  CHECK(query_runs(runs, "variant=tied | count reached") == "1 of 3");
+  CHECK(query_runs(runs, "* | count accuracy >= 0.95, reached") == "4 of 6");
+  // Wilson 95%: 2 of 3 → 20.77–93.85%; 4 of 6 → 30.00–90.32%.
+  CHECK(query_runs(runs, "variant=untied | wilson accuracy >= 0.98") == "21–94%");
+  CHECK(query_runs(runs, "* | rate accuracy >= 0.95, reached") == "4 of 6 (30–90%)");
+  CHECK(query_runs(runs, "variant=tied | min accuracy %") == "20.0%");
+  CHECK(query_runs(runs, "variant=tied | range accuracy %") == "20.0–96.0%");
+  CHECK(query_runs(runs, "variant=tied | max accuracy .3") == "0.960");
+  CHECK(query_runs(runs, "variant=untied | mean accuracy %2") == "98.67%");
+  // (0.5 + 0.2 + 0.96) / 3 = 0.5533; sample sd √(((−0.0533)² + (−0.3533)² + 0.4067²) / 2) = 0.3828.
+  CHECK(query_runs(runs, "variant=tied | mean±sd accuracy %") == "55.3% ± 38.3%");
+  CHECK(query_runs(runs, "variant=tied | sd accuracy .4") == "0.3828");
+  // Steps: 300, 1400, 250, 900 reached: median 600, range 250–1,400; untied: 250, 300, 1,400.
+  CHECK(query_runs(runs, "* | median+range steps_to_target int") == "600 (250–1,400)");
+  CHECK(query_runs(runs, "variant=untied | median steps_to_target int") == "300");
+  CHECK(query_runs(runs, "* | max steps_to_target int") == "1,400");
+  // where: the chosen runs, then the statistic over them alone.
+  CHECK(query_runs(runs, "* where accuracy < 0.95 | count accuracy < 0.95") == "2 of 2");
+  CHECK(query_runs(runs, "variant=tied / untied where reached | count accuracy >= 0.97") == "3 of 4");
+  // Nested fields by dots, booleans as 1 and 0, one field against another.
+  CHECK(query_runs(runs, "* | count ablation.L0H0.needed == 1") == "4 of 6");
+  CHECK(query_runs(runs, "* | max ablation.L0H0.zero .2") == "0.50");
+  CHECK(query_runs(runs, "* | count token_qk.).( > token_qk.).[") == "6 of 6");
+  CHECK(query_runs(runs, "* | count token_qk.).[ < 0") == "4 of 6");
+  // [→) 30, 20, 10, 0, −10, −20 against )→[ 12.5, −40, −40, 12.5, −40, −40: all but the fourth.
+  CHECK(query_runs(runs, "* | count token_qk.[.) > token_qk.).[") == "5 of 6");
+  CHECK(query_runs(runs, "variant=untied | mean token_qk.).( +.1") == "+68.0");
+  CHECK(query_runs(runs, "* | min token_qk.[.) +.1") == "-20.0");
+  // A field on the curve at a step, the points of the curves, and the range of the means over steps.
+  CHECK(query_runs(runs, "variant=untied | mean accuracy@100 .2") == "0.20");
+  CHECK(query_runs(runs, "* | points top1_max > 0.6") == "1 of 18");
+  // Means over the 6 runs: step 0: 0, step 100: 0.25, step 200: 0.77.
+  CHECK(query_runs(runs, "* | curve accuracy % 100 200") == "25.0–77.0%");
+  CHECK(query_runs(runs, "* | curve accuracy .2 0 100") == "0.00–0.25");
+  // The bootstrap interval of the mean: inside the range of the values, around the mean.
+  const auto interval = experiments::query_interval(runs, "variant=untied | bootstrap accuracy .4");
+  REQUIRE(interval);
+  CHECK(interval->estimate == Approx((0.99 + 0.97 + 1.0) / 3));
+  CHECK(interval->lo >= 0.97);
+  CHECK(interval->hi <= 1.0);
+  CHECK(interval->lo < interval->estimate);
+  CHECK(query_runs(runs, "variant=untied | bootstrap accuracy .4") == fmt::format("{:.4f}–{:.4f}", interval->lo, interval->hi));
+  const auto rate = experiments::query_interval(runs, "* | rate reached");
+  REQUIRE(rate);
+  CHECK(rate->estimate == Approx(4.0 / 6));
+  CHECK(rate->n == 6);
+  CHECK(!experiments::query_interval(runs, "* | mean accuracy %"));
+  // Bad queries name what is wrong.
+  using Catch::Contains;
+  CHECK_THROWS_WITH(query_runs(runs, "* | mean nothing %"), Contains("the runs have no 'nothing'"));
+  CHECK_THROWS_WITH(query_runs(runs, "* | mean ablation.L9H9.zero %"), Contains("the runs have no 'ablation.L9H9.zero'"));
+  CHECK_THROWS_WITH(query_runs(runs, "task=none | count accuracy > 0"), Contains("no run is chosen"));
+  CHECK_THROWS_WITH(query_runs(runs, "size=big | count accuracy > 0"), Contains("the runs have no label 'size'"));
+  CHECK_THROWS_WITH(query_runs(runs, "* | mean accuracy %%"), Contains("is no format"));
+  CHECK_THROWS_WITH(query_runs(runs, "* | mode accuracy %"), Contains("'mode' is no statistic"));
+  CHECK_THROWS_WITH(query_runs(runs, "* | mean accuracy@700 %"), Contains("no run's curve has step 700"));
+  CHECK_THROWS_WITH(query_runs(runs, "* | count accuracy ~ 3"), Contains("is not FIELD OP VALUE"));
+  CHECK_THROWS_WITH(query_runs(runs, "* | count accuracy > null"), Contains("null compares by == or != alone"));
+}
+
+namespace {
+
+// README.md and every page of docs/.
+std::vector<std::filesystem::path> pages() {
+  const std::filesystem::path root(QKV_SOURCE_DIR);
+  std::vector<std::filesystem::path> out = {root / "README.md"};
+  for (const auto& entry : std::filesystem::directory_iterator(root / "docs"))
+    if (entry.path().extension() == ".md") out.push_back(entry.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string text_of(const std::filesystem::path& path) {
+  std::ifstream in(path);
   REQUIRE(in);
-  const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("doc numbers: every number the README and docs read from the committed results is what its query makes") {
   static const std::regex marker(R"(<!--= (.*?) -->(.*?)<!--/-->)");
-  std::string rewritten;
-  std::size_t count = 0, last = 0;
-  for (auto it = std::sregex_iterator(page.begin(), page.end(), marker); it != std::sregex_iterator(); ++it, ++count) {
-    const std::smatch& m = *it;
-    const std::string made = doc_number(m[1]);
-    INFO(m[0].str());
-    CHECK(m[2].str() == made);
-    rewritten += page.substr(last, std::size_t(m.position(0)) - last) + "<!--= " + m[1].str() + " -->" + made + "<!--/-->";
-    last = std::size_t(m.position(0) + m.length(0));
+  std::map<std::string, std::size_t> counts;
+  for (const std::filesystem::path& page_path : pages()) {
+    const std::string page = text_of(page_path);
+    std::string rewritten;
+    std::size_t count = 0, last = 0;
+    for (auto it = std::sregex_iterator(page.begin(), page.end(), marker); it != std::sregex_iterator(); ++it, ++count) {
+      const std::smatch& m = *it;
+      INFO(page_path.filename().string() << ": " << m[0].str());
+      std::string made;
+      CHECK_NOTHROW(made = doc_number(m[1]));
+      CHECK(m[2].str() == made);
+      rewritten += page.substr(last, std::size_t(m.position(0)) - last) + "<!--= " + m[1].str() + " -->" + made + "<!--/-->";
+      last = std::size_t(m.position(0) + m.length(0));
+    }
+    rewritten += page.substr(last);
+    // Every marker is checked: one wrapped over two lines would not match, and is named here.
+    std::size_t opened = 0;
+    for (auto at = page.find("<!--= "); at != std::string::npos; at = page.find("<!--= ", at + 1)) ++opened;
+    INFO(page_path.filename().string());
+    CHECK(count == opened);
+    counts[page_path.filename().string()] = count;
+    if (const char* write = std::getenv("QKV_WRITE_DOCS"); write && std::string(write) == "1" && rewritten != page) {
+      std::ofstream out(page_path);
+      out << rewritten;
+      WARN("wrote " << page_path.string() << " with every number made anew");
+    }
   }
-  rewritten += page.substr(last);
-  // Every marker is checked: one wrapped over two lines would not match, and is named here.
-  std::size_t opened = 0;
-  for (auto at = page.find("<!--= "); at != std::string::npos; at = page.find("<!--= ", at + 1)) ++opened;
-  CHECK(count == opened);
-  CHECK(count >= 20);
-  if (const char* write = std::getenv("QKV_WRITE_DOCS"); write && std::string(write) == "1" && rewritten != page) {
-    std::ofstream out(page_path);
-    out << rewritten;
-    WARN("wrote " << page_path.string() << " with every number made anew");
-  }
+  CHECK(counts["experiments.md"] >= 100);
 }

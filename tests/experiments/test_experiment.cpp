@@ -97,7 +97,8 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
   for (std::string line; std::getline(lines, line);) rows.push_back(line);
   REQUIRE(rows.size() == 2 + 4);
   CHECK(rows[0] ==
-        "| task | attention | variant | accuracy at step 4 | steps to target | σ init | σ | asymmetry init | asymmetry |");
+        "| task | attention | variant | accuracy at step 4 | reached target | steps to target | σ init | σ | asymmetry init | "
+        "asymmetry |");
   CHECK_THAT(rows[2], Contains("| - | - |"));  // causal: no asymmetry to measure
   CHECK_THAT(rows[2], Contains("| brackets | causal | untied | "));
   CHECK_THAT(rows[5], Contains("| brackets | bidirectional | tied | "));
@@ -351,18 +352,21 @@ TEST_CASE("experiment table: accuracy at step 1000 and at the end, mean and samp
   std::vector<std::string> rows;
   for (std::string line; std::getline(lines, line);) rows.push_back(line);
   REQUIRE(rows.size() == 4);
-  CHECK(rows[0] == "| task | variant | accuracy at step 1000 | accuracy at step 6000 | steps to target | σ init | σ | "
-                   "asymmetry init | asymmetry |");
-  // 0.5, 0.7: mean 0.6, std √0.02 = 0.141; 0.9, 1.0: 0.95 ± 0.071; 700, 900: 800 ± 141.
-  CHECK(rows[2] == "| brackets | untied | 0.600 ± 0.141 | 0.950 ± 0.071 | 800 ± 141 (2/2) | 0.500 ± 0.000 | 0.250 ± 0.000 | - | - |");
-  CHECK(rows[3] == "| brackets | tied | 0.200 | 0.600 | not reached (0/1) | 0.500 | 0.250 | - | - |");
+  CHECK(rows[0] == "| task | variant | accuracy at step 1000 | accuracy at step 6000 | reached target | steps to target | "
+                   "σ init | σ | asymmetry init | asymmetry |");
+  // 0.5, 0.7: mean 0.6, std √0.02 = 0.141, and the bootstrap means of two values are 0.5, 0.6 or
+  // 0.7 (1/4, 1/2, 1/4): the 2.5th and 97.5th percentiles are 0.5 and 0.7. 0.9, 1.0: 0.95 ± 0.071
+  // (0.90–1.00). 700, 900 reached: 2 of 2, Wilson 34–100%, median 800. Equal σ: no interval.
+  CHECK(rows[2] == "| brackets | untied | 0.600 ± 0.141 (0.500–0.700) | 0.950 ± 0.071 (0.900–1.000) | 2 of 2 (34–100%) | "
+                   "800 (700–900) | 0.500 ± 0.000 | 0.250 ± 0.000 | - | - |");
+  CHECK(rows[3] == "| brackets | tied | 0.200 | 0.600 | 0 of 1 (0–79%) | - | 0.500 | 0.250 | - | - |");
   // Runs that stop at the short budget have one accuracy column.
   nlohmann::ordered_json short_runs = nlohmann::ordered_json::array();
   short_runs.push_back(made_run("untied", 0, 0.5, 0.9, 1000, 700));
-  CHECK_THAT(experiment_table("causal", short_runs), Contains("| variant | accuracy at step 1000 | steps to target |"));
+  CHECK_THAT(experiment_table("causal", short_runs), Contains("| variant | accuracy at step 1000 | reached target |"));
   // Runs of different budgets: one column, at each run's end.
   short_runs.push_back(made_run("tied", 0, 0.5, 0.7, 6000, std::nullopt));
-  CHECK_THAT(experiment_table("causal", short_runs), Contains("| variant | accuracy at the end | steps to target |"));
+  CHECK_THAT(experiment_table("causal", short_runs), Contains("| variant | accuracy at the end | reached target |"));
 }
 
 TEST_CASE("curves chart: a panel per task, a line per configuration through the mean of its seeds") {

@@ -1,10 +1,15 @@
 #include "tests/helpers.hpp"
 
+#include <algorithm>
 #include <memory>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/inspect.hpp"
 #include "qkv/core/autograd.hpp"
+#include "qkv/nn/circuits.hpp"
 #include "qkv/sweep/measure.hpp"
 #include "qkv/sweep/measurements.hpp"
 #include "qkv/tasks/registry.hpp"
@@ -64,6 +69,15 @@ TEST_CASE("self_attention: uniform attention and queries of one length, by hand"
   CHECK(run["self_weight"].get<double>() == Approx(weight / double(queries)).epsilon(1e-6));
   CHECK(run["self_top"].get<double>() == 0.0);
   CHECK(run["query_length_cv"].get<double>() == Approx(0.0).margin(1e-6));
+  // Its own token: 1/(i+1) for each key j ≤ i holding input[i] (the second 1 and the second 2 have
+  // two); the top key is the first (BOS, token 0), which no later query holds.
+  double same = 0;
+  for (const auto& s : inputs)
+    for (std::size_t i = 1; i < s.size(); ++i)
+      same += double(std::count(s.begin(), s.begin() + std::ptrdiff_t(i) + 1, s[i])) / double(i + 1);
+  CHECK(same > weight);  // the repeated tokens count
+  CHECK(run["same_token_weight"].get<double>() == Approx(same / double(queries)).epsilon(1e-6));
+  CHECK(run["same_token_top"].get<double>() == 0.0);
 }
 
 TEST_CASE("self_attention: a tied head whose queries differ in length puts a long query on itself") {
@@ -93,4 +107,87 @@ TEST_CASE("self_attention: a query whose weight is all on itself counts, though 
   const nlohmann::ordered_json run = self_attention_of(*m);
   CHECK(run["self_top"].get<double>() >= 1.0 / 4.0);
   CHECK(run["self_weight"].get<double>() >= 1.0 / 4.0 - 1e-6);
+}
+
+TEST_CASE("token_table: the readout head's token table by the tokens' names, as inspect computes it") {
+  const auto task = tasks::make_task("brackets");
+  Generator gen(4);
+  nn::Transformer m(tasks::default_options("brackets").model, gen);
+  nlohmann::ordered_json run;
+  measurement("token_table").extras.at_end(run, m, *task, Sequences{});
+  // inspect's table is checked by hand in tests/analysis/test_inspect.cpp.
+  const analysis::Inspection in = analysis::inspect(m, *task, task->encode("(())"));
+  const Array<double>& table = in.layers.back()[0].token_qk;
+  REQUIRE(run["token_qk"].size() == 6);
+  for (std::size_t q = 0; q < 6; ++q)
+    for (std::size_t k = 0; k < 6; ++k) {
+      INFO(in.vocabulary[q] << " → " << in.vocabulary[k]);
+      CHECK(run["token_qk"][in.vocabulary[q]][in.vocabulary[k]].get<double>() == table(q, k));
+    }
+  CHECK(run["token_qk"][")"]["("].get<double>() != run["token_qk"]["("][")"].get<double>());  // untied: not symmetric
+}
+
+TEST_CASE("composition: each earlier head into each later head, at init and at the end, named as inspect names them") {
+  tasks::TrainOptions o = tasks::default_options("induction");
+  o.model.heads = 2;
+  const auto task = tasks::make_task("induction");
+  Generator gen(5), same(5);
+  nn::Transformer m(o.model, gen), init(o.model, same);
+  nlohmann::ordered_json run;
+  measurement("composition").extras.at_init(run, init, *task, Sequences{}, 5);
+  measurement("composition").extras.at_end(run, m, *task, Sequences{});
+  const std::vector<analysis::HeadComposition> expected = analysis::compositions(m);
+  REQUIRE(expected.size() == 4);  // 2 heads into 2 heads
+  for (const analysis::HeadComposition& c : expected) {
+    const std::string from = fmt::format("L{}H{}", c.from_layer, c.from_head), to = fmt::format("L{}H{}", c.to_layer, c.to_head);
+    INFO(from << " → " << to);
+    for (const char* key : {"composition_init", "composition"}) {
+      const auto& scores = run[key][from][to];
+      CHECK(scores["q"].get<double>() == c.q);
+      CHECK(scores["k"].get<double>() == c.k);
+      CHECK(scores["v"].get<double>() == c.v);
+    }
+    // nn::composition_score itself is checked against the formula in tests/nn.
+    CHECK(c.k == nn::composition_score(m.blocks[0]->attn, c.from_head, m.blocks[1]->attn, c.to_head, nn::Composition::k));
+  }
+  CHECK(measurement("composition").check(o) == "");
+  o.model.layers = 1;
+  CHECK(measurement("composition").check(o) == "composition needs two layers or more");
+}
+
+TEST_CASE("ablation: qkv ablate's numbers for each head, and how many heads the task needs") {
+  const auto task = tasks::make_task("induction");
+  Generator gen(6);
+  nn::Transformer m(tasks::default_options("induction").model, gen);
+  nlohmann::ordered_json run;
+  measurement("ablation").extras.at_end(run, m, *task, Sequences{});
+  const analysis::Ablation a = analysis::ablate(m, *task, tasks::task_spec("induction").corruption, 32, 32, 1);
+  const auto& out = run["ablation"];
+  CHECK(out["clean"].get<double>() == a.clean.accuracy);
+  REQUIRE(a.corrupted);
+  CHECK(out["corrupted"].get<double>() == a.corrupted->accuracy);
+  REQUIRE(a.heads.size() == 2);
+  std::size_t needed = 0;
+  for (const analysis::HeadAblation& h : a.heads) {
+    const auto& head = out[fmt::format("L{}H{}", h.layer, h.head)];
+    CHECK(head["zero"].get<double>() == h.zero.accuracy);
+    CHECK(head["mean"].get<double>() == h.mean.accuracy);
+    CHECK(head["noising_share"].get<double>() == *h.noising_share);
+    CHECK(head["denoising_share"].get<double>() == *h.denoising_share);
+    CHECK(head["needed"].get<bool>() == h.needed);
+    needed += h.needed;
+  }
+  CHECK(out["needed"].get<std::size_t>() == needed);
+  CHECK(out["needed_by_layer"].size() == 2);
+  // A pointer task's readout layer is not read through its heads' outputs: it has no entry, and no
+  // corrupted input means no shares.
+  const auto brackets = tasks::make_task("brackets");
+  Generator gen2(6);
+  nn::Transformer b(tasks::default_options("brackets").model, gen2);
+  nlohmann::ordered_json pointer;
+  measurement("ablation").extras.at_end(pointer, b, *brackets, Sequences{});
+  CHECK(pointer["ablation"].contains("L0H0"));
+  CHECK(!pointer["ablation"].contains("L1H0"));
+  CHECK(pointer["ablation"]["corrupted"].is_null());
+  CHECK(pointer["ablation"]["L0H0"]["noising_share"].is_null());
 }

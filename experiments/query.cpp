@@ -1,0 +1,262 @@
+#include "qkv/experiments/query.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <regex>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "qkv/report/charts.hpp"
+#include "qkv/report/statistics.hpp"
+
+namespace qkv::experiments {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string trimmed(const std::string& s) {
+  const auto first = s.find_first_not_of(' '), last = s.find_last_not_of(' ');
+  return first == std::string::npos ? "" : s.substr(first, last - first + 1);
+}
+
+// The parts of s between each `by`, trimmed.
+std::vector<std::string> split_by(const std::string& s, const std::string& by) {
+  std::vector<std::string> out;
+  for (std::size_t from = 0;;) {
+    const auto at = s.find(by, from);
+    out.push_back(trimmed(s.substr(from, at == std::string::npos ? std::string::npos : at - from)));
+    if (at == std::string::npos) return out;
+    from = at + by.size();
+  }
+}
+
+// A query, its runs, and what it has chosen of them.
+struct Query {
+  const std::string& text;
+  const Json& runs;
+  std::vector<const Json*> chosen{};
+  std::string statistic{}, rest{};  // the statistic's name, and what follows it
+
+  [[noreturn]] void fail(const std::string& why) const { throw std::invalid_argument(fmt::format("'{}': {}", text, why)); }
+
+  // FIELD or FIELD@STEP of `object` (a run, or a point of a curve when `point`); none where it is
+  // null, or the object has no such field while some run has it (a task's probe), or the curve has
+  // no such step.
+  std::optional<double> field(const Json& object, const std::string& name, bool point = false) const {
+    const auto at = name.find('@');
+    const Json* value = nullptr;
+    if (at == std::string::npos || point) {
+      value = report::value_at(object, name);
+      if (!value) {
+        const auto has = [&](const Json& r) {
+          if (!point) return report::value_at(r, name) != nullptr;
+          const Json* curve = report::value_at(r, "curve");
+          return curve && std::any_of(curve->begin(), curve->end(), [&](const Json& p) { return report::value_at(p, name); });
+        };
+        if (std::none_of(runs.begin(), runs.end(), has))
+          fail(fmt::format("the runs have no '{}'{}", name, point ? " on their curves" : ""));
+        return std::nullopt;
+      }
+    } else {
+      const double step = std::stod(name.substr(at + 1));
+      const std::string key = name.substr(0, at);
+      bool stepped = false;
+      for (const Json& p : object.at("curve"))
+        if (p.at("step").get<double>() == step) stepped = true, value = report::value_at(p, key);
+      if (!stepped) {
+        const auto has_step = [&](const Json& r) {
+          return std::any_of(r.at("curve").begin(), r.at("curve").end(), [&](const Json& p) { return p.at("step").get<double>() == step; });
+        };
+        if (std::none_of(runs.begin(), runs.end(), has_step)) fail(fmt::format("no run's curve has step {}", step));
+      }
+      if (!value) return std::nullopt;
+    }
+    if (value->is_null()) return std::nullopt;
+    if (value->is_boolean()) return value->get<bool>() ? 1.0 : 0.0;
+    if (!value->is_number()) fail(fmt::format("'{}' is not a number", name));
+    return value->get<double>();
+  }
+
+  bool holds(const Json& object, const std::string& condition, bool point = false) const {
+    if (condition == "reached") return holds(object, "steps_to_target != null", point);
+    static const std::regex form(R"(^([^ <>=!]+) *(>=|<=|==|!=|>|<) *([^ <>=!]+)$)");
+    std::smatch m;
+    if (!std::regex_match(condition, m, form)) fail(fmt::format("'{}' is not FIELD OP VALUE", condition));
+    const std::optional<double> v = field(object, m[1], point);
+    const std::string op = m[2], right = m[3];
+    if (right == "null") {
+      if (op != "==" && op != "!=") fail("null compares by == or != alone");
+      return (op == "==") == !v.has_value();
+    }
+    static const std::regex number(R"(^-?[0-9.]+(e-?[0-9]+)?$)");
+    const std::optional<double> x = std::regex_match(right, number) ? std::optional<double>(std::stod(right)) : field(object, right, point);
+    if (!v || !x) return false;
+    return op == ">=" ? *v >= *x : op == "<=" ? *v <= *x : op == ">" ? *v > *x : op == "<" ? *v < *x : op == "==" ? *v == *x : *v != *x;
+  }
+
+  bool all_hold(const Json& object, const std::vector<std::string>& conditions, bool point = false) const {
+    return std::all_of(conditions.begin(), conditions.end(), [&](const std::string& c) { return holds(object, c, point); });
+  }
+
+  // The chosen runs' values of FIELD, sorted; none null.
+  std::vector<double> values(const std::string& name) const {
+    std::vector<double> out;
+    for (const Json* r : chosen)
+      if (const auto v = field(*r, name)) out.push_back(*v);
+    if (out.empty()) fail(fmt::format("'{}' is null in every run chosen", name));
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+Query parse(const Json& runs, const std::string& text) {
+  Query q{text, runs};
+  const std::vector<std::string> parts = split_by(text, "|");
+  if (parts.size() != 2) q.fail("not RUNS | STATISTIC");
+  std::string labels = parts[0], where;
+  if (const auto at = labels.find(" where "); at != std::string::npos)
+    where = trimmed(labels.substr(at + 7)), labels = trimmed(labels.substr(0, at));
+  for (const Json& run : runs) {
+    bool chosen = true;
+    if (labels != "*")
+      for (const std::string& pair : split_by(labels, ", ")) {  // a label's value may hold a comma
+        const auto eq = pair.find('=');
+        if (eq == std::string::npos) q.fail(fmt::format("'{}' is not key=value", pair));
+        const std::string key = trimmed(pair.substr(0, eq));
+        const Json& l = run.at("labels");
+        if (!l.contains(key)) q.fail(fmt::format("the runs have no label '{}'", key));
+        const std::string value = l.at(key).is_string() ? l.at(key).get<std::string>() : l.at(key).dump();
+        const std::vector<std::string> either = split_by(pair.substr(eq + 1), " / ");
+        chosen = chosen && std::find(either.begin(), either.end(), value) != either.end();
+      }
+    if (chosen && !where.empty()) chosen = q.all_hold(run, split_by(where, ", "));
+    if (chosen) q.chosen.push_back(&run);
+  }
+  if (q.chosen.empty()) q.fail("no run is chosen");
+  const std::string statistic = trimmed(parts[1]);
+  const auto space = statistic.find(' ');
+  q.statistic = statistic.substr(0, space);
+  q.rest = space == std::string::npos ? "" : trimmed(statistic.substr(space));
+  return q;
+}
+
+// The decimals of a format % or %N (a percentage), or none.
+std::optional<int> percent_decimals(const std::string& format) {
+  if (format == "%") return 1;
+  if (format.size() == 2 && format[0] == '%' && std::isdigit(static_cast<unsigned char>(format[1]))) return format[1] - '0';
+  return std::nullopt;
+}
+
+std::string formatted(double x, const std::string& format, const Query& q) {
+  if (const auto d = percent_decimals(format)) return fmt::format("{:.{}f}%", 100 * x, *d);
+  if (format == "int") {  // 1,650: commas between groups of three digits
+    const std::string digits = fmt::format("{:.0f}", std::fabs(x));
+    std::string out = x < 0 && digits != "0" ? "-" : "";
+    for (std::size_t i = 0; i < digits.size(); ++i) {
+      if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+      out += digits[i];
+    }
+    return out;
+  }
+  if (format.size() == 2 && format[0] == '.' && std::isdigit(static_cast<unsigned char>(format[1])))
+    return fmt::format("{:.{}f}", x, format[1] - '0');
+  if (format.size() == 3 && format[0] == '+' && format[1] == '.' && std::isdigit(static_cast<unsigned char>(format[2])))
+    return fmt::format("{:+.{}f}", x, format[2] - '0');
+  q.fail(fmt::format("'{}' is no format (%, %N, .N, +.N or int)", format));
+}
+
+// A range of percentages prints the sign once: "18.9–51.2%".
+std::string range_text(double lo, double hi, const std::string& format, const Query& q) {
+  if (const auto d = percent_decimals(format)) return fmt::format("{:.{}f}–{:.{}f}%", 100 * lo, *d, 100 * hi, *d);
+  return formatted(lo, format, q) + "–" + formatted(hi, format, q);
+}
+
+// How many of the chosen runs each condition holds for.
+std::size_t count_of(const Query& q) {
+  const std::vector<std::string> conditions = split_by(q.rest, ", ");
+  return std::size_t(std::count_if(q.chosen.begin(), q.chosen.end(), [&](const Json* r) { return q.all_hold(*r, conditions); }));
+}
+
+}  // namespace
+
+std::string query_runs(const Json& runs, const std::string& text) {
+  const Query q = parse(runs, text);
+  const std::string& name = q.statistic;
+  const std::size_t n = q.chosen.size();
+  if (name == "count" || name == "wilson" || name == "rate") {
+    const std::size_t k = count_of(q);
+    const auto [lo, hi] = report::wilson_interval(k, n);
+    const std::string interval = fmt::format("{:.0f}–{:.0f}%", 100 * lo, 100 * hi);
+    return name == "count" ? fmt::format("{} of {}", k, n) : name == "wilson" ? interval : fmt::format("{} of {} ({})", k, n, interval);
+  }
+  if (name == "points") {
+    const std::vector<std::string> conditions = split_by(q.rest, ", ");
+    std::size_t k = 0, points = 0;
+    for (const Json* r : q.chosen)
+      for (const Json& p : r->at("curve")) k += q.all_hold(p, conditions, true), ++points;
+    return fmt::format("{} of {}", k, points);
+  }
+  const std::vector<std::string> words = split_by(q.rest, " ");
+  if (name == "curve") {
+    if (words.size() != 4) q.fail("not curve FIELD FORMAT FROM TO");
+    const double from = std::stod(words[2]), to = std::stod(words[3]);
+    std::vector<double> means;  // at each step from `from` to `to`
+    std::vector<double> steps;
+    for (const Json& p : q.chosen.front()->at("curve"))
+      if (const double s = p.at("step").get<double>(); s >= from && s <= to) steps.push_back(s);
+    for (const double s : steps) {
+      std::vector<double> at;
+      for (const Json* r : q.chosen)
+        if (const auto v = q.field(*r, fmt::format("{}@{}", words[0], s))) at.push_back(*v);
+      if (!at.empty()) means.push_back(report::stats(at).mean);
+    }
+    if (means.empty()) q.fail(fmt::format("no step of the curves from {} to {} has '{}'", words[2], words[3], words[0]));
+    const auto [lo, hi] = std::minmax_element(means.begin(), means.end());
+    return range_text(*lo, *hi, words[1], q);
+  }
+  if (words.size() != 2) q.fail(fmt::format("'{} {}' is not STATISTIC FIELD FORMAT", name, q.rest));
+  const std::vector<double> values = q.values(words[0]);
+  const report::Stats s = report::stats(values);
+  const std::string& f = words[1];
+  const auto as_text = [&](double x) { return formatted(x, f, q); };
+  if (name == "mean") return as_text(s.mean);
+  if (name == "sd") return as_text(s.sd);
+  if (name == "min") return as_text(values.front());
+  if (name == "max") return as_text(values.back());
+  if (name == "median") return as_text(report::median(values));
+  if (name == "range") return range_text(values.front(), values.back(), f, q);
+  if (name == "median+range") return as_text(report::median(values)) + " (" + range_text(values.front(), values.back(), f, q) + ")";
+  if (name == "bootstrap") {
+    const auto [lo, hi] = report::bootstrap_mean_interval(values);
+    return range_text(lo, hi, f, q);
+  }
+  if (name == "mean±sd") {
+    if (percent_decimals(f)) return as_text(s.mean) + " ± " + as_text(s.sd);
+    return as_text(s.mean) + " ± " + formatted(s.sd, f[0] == '+' ? f.substr(1) : f, q);
+  }
+  q.fail(fmt::format("'{}' is no statistic", name));
+}
+
+std::optional<QueryInterval> query_interval(const Json& runs, const std::string& text) {
+  const Query q = parse(runs, text);
+  const std::size_t n = q.chosen.size();
+  if (q.statistic == "wilson" || q.statistic == "rate") {
+    const std::size_t k = count_of(q);
+    const auto [lo, hi] = report::wilson_interval(k, n);
+    return QueryInterval{double(k) / double(n), lo, hi, n};
+  }
+  if (q.statistic == "bootstrap") {
+    const std::vector<std::string> words = split_by(q.rest, " ");
+    if (words.size() != 2) q.fail("not bootstrap FIELD FORMAT");
+    const std::vector<double> values = q.values(words[0]);
+    const auto [lo, hi] = report::bootstrap_mean_interval(values);
+    return QueryInterval{report::stats(values).mean, lo, hi, values.size()};
+  }
+  return std::nullopt;
+}
+
+}  // namespace qkv::experiments
