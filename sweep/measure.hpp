@@ -2,7 +2,9 @@
 // One run of a sweep (or of an experiment, which is a sweep with measurements of its own):
 // trained, and measured along the way. Its numbers are those `qkv experiment` has always recorded:
 // held-out accuracy, σ of the readout head's QK circuit, its score asymmetry and the task's probe
-// at log-spaced steps (the curve), and at the end the steps to the task's target.
+// at log-spaced steps (the curve), and at the end the steps to the task's target. A seq2seq run
+// (an encoder-decoder) has the same but the probe, with σ the mean over the last decoder layer's
+// cross-attention heads and no score asymmetry (its scores are not square).
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -11,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/task.hpp"
 #include "qkv/tasks/train_options.hpp"
@@ -38,6 +41,10 @@ struct Extras {
   // The trained model is not const: a measurement may run it with hooks (they are removed after).
   std::function<void(nlohmann::ordered_json& run, nn::Transformer& trained, const Task& task, const Sequences& sequences)>
       at_end{};
+  // A seq2seq run's, of the trained encoder-decoder. A measurement has this one alone, or the two
+  // above alone: a sweep refuses it for the other kind of run.
+  std::function<void(nlohmann::ordered_json& run, nn::EncoderDecoder& trained, const tasks::Seq2SeqTask& task)>
+      seq2seq_at_end{};
 };
 
 // Trains `options` (its out and seed set; a run already there is replaced when options.force) and

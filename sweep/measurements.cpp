@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/alignment.hpp"
 #include "qkv/analysis/inspect.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/random.hpp"
@@ -176,6 +177,24 @@ void ablation(Json& run, nn::Transformer& m, const Task& task, const Sequences&)
   run["ablation"] = std::move(out);
 }
 
+// A seq2seq run's decoder against the task's true alignment, as `qkv inspect` and `qkv eval` measure
+// it: each cross-attention head's weight on the aligned source positions and the share of output
+// tokens whose top position is aligned (256 held-out sources, seed 1), the best head's weight, the
+// share of tokens some head of the last layer has on top, and the exact match of greedy decoding
+// from the start token (1,024 held-out sources, seed 1).
+void alignment(Json& run, nn::EncoderDecoder& m, const tasks::Seq2SeqTask& task) {
+  const analysis::AlignmentInspection in = analysis::inspect_alignment(m, task, analysis::typical_source(task));
+  Json heads = Json::object();
+  double best = 0;
+  for (const auto& layer : in.layers)
+    for (const analysis::CrossHead& h : layer) {
+      heads[fmt::format("L{}H{}", h.layer, h.head)] = {{"weight", h.held_out}, {"top1", h.top1}, {"sigma", h.sigma}};
+      best = std::max(best, h.held_out);
+    }
+  run["alignment"] = {{"best_weight", best}, {"any_head_top1", in.any_head_top1.back()}, {"heads", std::move(heads)}};
+  run["exact_match_generated"] = tasks::evaluate_generation(m, task, 32, 32, 1).exact_match;
+}
+
 // Bytes the KV caches of all layers hold per token of one sequence, measured on a real cache.
 std::size_t kv_cache_bytes_per_token(const nn::Transformer& m, const std::vector<std::int64_t>& input) {
   NoGradGuard no_grad;
@@ -246,6 +265,14 @@ const std::vector<Measurement>& measurement_registry() {
                "ways, as qkv ablate does on 1,024 held-out sequences (seed 1)",
        .columns = {{"ablation.needed", "heads needed", "{:.2f}"}},
        .extras = {.at_init = {}, .at_end = ablation}},
+      {.name = "alignment",
+       .help = "at the end of a seq2seq run: each cross-attention head's weight on the true alignment and its top-1, the "
+               "best head's weight, the share of output tokens some head has on top, and the exact match of greedy "
+               "decoding",
+       .columns = {{"exact_match_generated", "exact match (generated)", "{:.3f}"},
+                   {"alignment.best_weight", "best head's weight on the alignment", "{:.3f}"},
+                   {"alignment.any_head_top1", "any head top-1", "{:.3f}"}},
+       .extras = {.at_init = {}, .at_end = {}, .seq2seq_at_end = alignment}},
       {.name = "longer_lengths",
        .help = "at the end: accuracy on 1,024 held-out sequences of each range of lengths longer than the task trains on",
        .columns = longer_columns(),
@@ -272,7 +299,7 @@ const std::vector<Measurement>& measurement_registry() {
 const Measurement& measurement(const std::string& name) { return tasks::find_spec(measurement_registry(), name, "measurement"); }
 
 Extras chained(std::vector<Extras> parts) {
-  std::erase_if(parts, [](const Extras& e) { return !e.at_init && !e.at_end; });
+  std::erase_if(parts, [](const Extras& e) { return !e.at_init && !e.at_end && !e.seq2seq_at_end; });
   if (parts.size() == 1) return parts[0];
   Extras out;
   if (parts.empty()) return out;
@@ -283,6 +310,10 @@ Extras chained(std::vector<Extras> parts) {
   out.at_end = [parts](Json& run, nn::Transformer& trained, const Task& task, const Sequences& s) {
     for (const Extras& e : parts)
       if (e.at_end) e.at_end(run, trained, task, s);
+  };
+  out.seq2seq_at_end = [parts](Json& run, nn::EncoderDecoder& trained, const tasks::Seq2SeqTask& task) {
+    for (const Extras& e : parts)
+      if (e.seq2seq_at_end) e.seq2seq_at_end(run, trained, task);
   };
   return out;
 }

@@ -11,6 +11,8 @@
 //   composition     at init and at the end: each earlier head's Q-, K- and V-composition into each
 //                   later head
 //   ablation        at the end: each head ablated and patched, as `qkv ablate` does
+//   alignment       at the end of a seq2seq run: its cross-attention against the task's true
+//                   alignment, and the exact match of greedy decoding
 //   longer_lengths  at the end: accuracy on the task's longer sequences than it trains on
 #include <functional>
 #include <string>

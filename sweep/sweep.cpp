@@ -601,10 +601,19 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
             trained = training::run_options(entry.task, options);
             apply_sweep_rules(trained, options);
             training::check_options(trained);
-            for (const std::string& m : sweep.measurements)
-              if (const auto& check = measurement(m).check; check)
-                if (const std::string why = check(trained); !why.empty())
+            for (const std::string& m : sweep.measurements) {
+              const Measurement& measured = measurement(m);
+              const bool decoder_only = measured.extras.at_init || measured.extras.at_end;
+              if (trained.encoder_layers && !measured.extras.seq2seq_at_end)
+                refuse(file, fmt::format("{}: 'measure' '{}' measures decoder-only models, and {} trains an encoder-decoder",
+                                         name, m, entry.task));
+              if (!trained.encoder_layers && !decoder_only)
+                refuse(file, fmt::format("{}: 'measure' '{}' measures seq2seq runs, and {} trains a decoder-only model", name,
+                                         m, entry.task));
+              if (measured.check)
+                if (const std::string why = measured.check(trained); !why.empty())
                   refuse(file, fmt::format("{}: 'measure' '{}': {}", name, m, why));
+            }
           } catch (const training::RunOptionError& e) {
             refuse(file, fmt::format("{}: '{}' {}", name, e.option, e.what()));
           } catch (const training::OptionError& e) {

@@ -112,8 +112,8 @@ void note_differences(const TrainOptions& recorded, std::ostream& notes) {
 // The run of the options `o` (checked, with this machine's threads and BLAS) on `model`, built
 // from `gen`, which then draws the training batches.
 template <class Model>
-TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator& gen,
-                std::ostream& progress, bool tty, const TrainObserver& observe) {
+TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator& gen, std::ostream& progress, bool tty,
+                const std::function<void(std::size_t, const Model&)>& observe) {
   constexpr bool decoder_only = std::is_same_v<Model, nn::Transformer>;
   optim::Adam opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   const optim::Schedule schedule = training_schedule(o);
@@ -161,12 +161,11 @@ TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator
   double observing = 0;  // the observer's time, which the run's seconds leave out
   const auto elapsed = [&] { return since(start) - observing; };
   const auto observed = [&](std::size_t step) {
-    if constexpr (decoder_only) {
-      const auto t = std::chrono::steady_clock::now();
+    const auto t = std::chrono::steady_clock::now();
+    if constexpr (decoder_only)
       if (snapshot && snapshot->due(step)) snapshots->write(snapshot->take(step, model).dump());
-      if (observe) observe(step, model);
-      observing += since(t);
-    }
+    if (observe) observe(step, model);
+    observing += since(t);
   };
   const std::size_t last_step = o.stop_after ? std::min(o.stop_after, o.steps) : o.steps;
   TrainResult result;
@@ -286,7 +285,8 @@ nlohmann::json result_json(const TrainOptions& o, const TrainResult& r) {
           {"out", o.out.empty() ? "runs/" + o.task : o.out}};
 }
 
-TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe) {
+TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe,
+                  const Seq2SeqObserver& observe_seq2seq) {
   if (const int signal = stop_signal.exchange(0)) throw Interrupted(signal, "interrupted before the run started");
   TrainOptions o = options;
   o.threads = get_num_threads();
@@ -296,9 +296,12 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   const auto task = make_task(o.task, o.n);
   Generator gen(o.seed);
   if (o.encoder_layers) {
-    if (observe) fail("train", "an observer sees decoder-only models, and the {} task trains an encoder-decoder", o.task);
-    return run(*build<nn::EncoderDecoder>(encoder_decoder_config(o), gen), o, *task, gen, progress, tty, observe);
+    if (observe)
+      fail("train", "the {} task trains an encoder-decoder: its observer is a Seq2SeqObserver, not a TrainObserver", o.task);
+    return run(*build<nn::EncoderDecoder>(encoder_decoder_config(o), gen), o, *task, gen, progress, tty, observe_seq2seq);
   }
+  if (observe_seq2seq)
+    fail("train", "the {} task trains a decoder-only model: its observer is a TrainObserver, not a Seq2SeqObserver", o.task);
   return run(*build<nn::Transformer>(o.model, gen), o, *task, gen, progress, tty, observe);
 }
 

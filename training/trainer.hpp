@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/task.hpp"
 #include "qkv/tasks/train_options.hpp"
@@ -54,6 +55,8 @@ nlohmann::json result_json(const TrainOptions& options, const TrainResult& resul
 // the number of steps done; it picks the steps it measures, and must not change the model. Its
 // time is left out of the run's seconds (TrainResult, metrics.jsonl).
 using TrainObserver = std::function<void(std::size_t step, const nn::Transformer& model)>;
+// The same for a seq2seq task's encoder-decoder.
+using Seq2SeqObserver = std::function<void(std::size_t step, const nn::EncoderDecoder& model)>;
 
 // Trains, writes OUT/config.json, OUT/metrics.jsonl and checkpoints (see checkpoint.hpp), and shows
 // progress on `progress` (an in-place line when `tty`, else a line per log step). A resumed run
@@ -61,5 +64,8 @@ using TrainObserver = std::function<void(std::size_t step, const nn::Transformer
 // the model and optimizer built, before the folder is touched; the folder is locked while the run
 // writes it. An existing run in OUT is refused (UsageError) unless options.resume or options.force.
 // A resume starts from the newest checkpoint that loads, and cuts metrics.jsonl back to its step.
-TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe = {});
+// `observe` sees a decoder-only model, `observe_seq2seq` an encoder-decoder; the other one given is
+// an error (std::invalid_argument) before anything is written.
+TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty, const TrainObserver& observe = {},
+                  const Seq2SeqObserver& observe_seq2seq = {});
 }  // namespace qkv::training

@@ -8,11 +8,15 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "qkv/analysis/alignment.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/sweep/sweep.hpp"
+#include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
+#include "qkv/training/run_folder.hpp"
 #include "qkv/training/trainer.hpp"
 
 using namespace qkv;
@@ -218,6 +222,50 @@ TEST_CASE("a sweep file is refused before anything runs, naming the key and the 
   CHECK_THAT(refusal(R"({"tasks": ["line", "rps"], "fixed": {"n": 5}})"), Contains("run rps-seed0-") && Contains("'n' rps: the rps task takes no size"));
   CHECK_THAT(refusal(R"({"tasks": ["rps"], "grid": {"heads": [2, 3]}, "fixed": {"d-model": 32}})"),
              Contains("run rps-heads=3-seed0-") && Contains("'heads'"));
+  // A measurement of the other kind of model.
+  CHECK_THAT(refusal(R"({"tasks": ["reverse"], "measure": ["self_attention"]})"),
+             Contains("run reverse-seed0-") && Contains("'measure' 'self_attention' measures decoder-only models, and reverse "
+                                                        "trains an encoder-decoder"));
+  CHECK_THAT(refusal(R"({"tasks": ["rps"], "measure": ["alignment"]})"),
+             Contains("'measure' 'alignment' measures seq2seq runs, and rps trains a decoder-only model"));
+}
+
+TEST_CASE("a seq2seq sweep: accuracy, σ of the cross-attention and the alignment along and after training") {
+  const Sweep s = parsed(R"({"tasks": ["reverse"], "grid": {"qk": ["untied", "tied"]}, "fixed": {"steps": 40},
+                              "measure": ["alignment"]})");
+  const std::string dir = scratch("sweep_seq2seq");
+  std::ostringstream progress;
+  REQUIRE(run_workers(s, {.out = dir, .jobs = 1}, progress).failed == 0);
+  const Collected c = collect(s, dir, false);
+  REQUIRE(c.results.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const Json& r = c.results[i];
+    INFO(r.dump().substr(0, 400));
+    REQUIRE(r["status"] == "ok");
+    CHECK(r["curve"].front()["step"] == 0);
+    CHECK(r["curve"].back()["step"] == 40);
+    CHECK(r["score_asymmetry"].is_null());
+    // The model the run ends with, measured again: teacher-forced accuracy, greedy decoding, and the
+    // mean σ of the cross-attention heads (1 for tied ones).
+    const auto model = training::load_encoder_decoder(dir + "/runs/" + s.runs[i].id);
+    const auto task = tasks::make_task("reverse");
+    const tasks::Seq2SeqTask& seq2seq = *tasks::as_seq2seq(*task);
+    const tasks::TrainOptions& o = s.runs[i].train;
+    CHECK(r["accuracy"].get<double>() == tasks::evaluate(*model, *task, o.eval_batches, o.batch, o.seed).accuracy);
+    CHECK(r["exact_match_generated"].get<double>() == tasks::evaluate_generation(*model, seq2seq, 32, 32, 1).exact_match);
+    const analysis::AlignmentInspection in = analysis::inspect_alignment(*model, seq2seq, analysis::typical_source(seq2seq));
+    double sigma = 0, best = 0;
+    for (const analysis::CrossHead& h : in.layers.back()) {
+      sigma += h.sigma / double(in.layers.back().size());
+      best = std::max(best, h.held_out);
+      CHECK(r["alignment"]["heads"][fmt::format("L{}H{}", h.layer, h.head)]["weight"].get<double>() == h.held_out);
+    }
+    CHECK(r["sigma"].get<double>() == Approx(sigma).epsilon(1e-12));
+    CHECK(r["alignment"]["best_weight"].get<double>() == best);
+    CHECK(r["alignment"]["any_head_top1"].get<double>() == in.any_head_top1.back());
+    if (i == 1) CHECK(r["sigma"].get<double>() == Approx(1.0).epsilon(1e-9));
+  }
+  CHECK(c.results[0]["sigma"].get<double>() < 0.9);
 }
 
 TEST_CASE("a sweep's runs on two processes, or in two slices, give the results of each run trained alone") {

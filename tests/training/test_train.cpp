@@ -113,6 +113,24 @@ TEST_CASE("train's observer sees the init and every step once, in order, and cha
   for (const auto& o : {plain, watched, first}) std::filesystem::remove_all(o.out);
 }
 
+TEST_CASE("train's seq2seq observer sees the encoder-decoder, and each kind of observer is refused for the other model") {
+  std::ostringstream quiet;
+  TrainOptions plain = short_run("reverse", "seq2seq_unobserved", 8), watched = short_run("reverse", "seq2seq_observed", 8);
+  train(plain, quiet, false);
+  std::vector<std::size_t> seen;
+  train(watched, quiet, false, {}, [&](std::size_t step, const nn::EncoderDecoder&) { seen.push_back(step); });
+  CHECK(seen == std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+  check_same_weights(plain.out, watched.out);
+  const auto decoder_only = [](std::size_t, const nn::Transformer&) {};
+  const auto seq2seq = [](std::size_t, const nn::EncoderDecoder&) {};
+  TrainOptions wrong = short_run("reverse", "seq2seq_wrong", 8);
+  CHECK_THROWS_WITH(train(wrong, quiet, false, decoder_only), Catch::Contains("its observer is a Seq2SeqObserver"));
+  wrong = short_run("brackets", "decoder_wrong", 8);
+  CHECK_THROWS_WITH(train(wrong, quiet, false, {}, seq2seq), Catch::Contains("its observer is a TrainObserver"));
+  CHECK(!std::filesystem::exists(wrong.out));  // refused before the folder was touched
+  for (const auto& o : {plain, watched}) std::filesystem::remove_all(o.out);
+}
+
 TEST_CASE("a resumed run ends with weights bit-identical to an uninterrupted run") {
   std::ostringstream quiet;
   TrainOptions whole = short_run("brackets", "whole", 40, 10);
