@@ -191,14 +191,15 @@ std::string query_runs(const Json& runs, const std::string& text) {
     const std::size_t k = count_of(q);
     const auto [lo, hi] = report::wilson_interval(k, n);
     const std::string interval = fmt::format("{:.0f}–{:.0f}%", 100 * lo, 100 * hi);
-    return name == "count" ? fmt::format("{} of {}", k, n) : name == "wilson" ? interval : fmt::format("{} of {} ({})", k, n, interval);
+    const std::string of = formatted(double(k), "int", q) + " of " + formatted(double(n), "int", q);
+    return name == "count" ? of : name == "wilson" ? interval : of + " (" + interval + ")";
   }
   if (name == "points") {
     const std::vector<std::string> conditions = split_by(q.rest, ", ");
     std::size_t k = 0, points = 0;
     for (const Json* r : q.chosen)
       for (const Json& p : r->at("curve")) k += q.all_hold(p, conditions, true), ++points;
-    return fmt::format("{} of {}", k, points);
+    return formatted(double(k), "int", q) + " of " + formatted(double(points), "int", q);
   }
   const std::vector<std::string> words = split_by(q.rest, " ");
   if (name == "curve") {

@@ -21,7 +21,7 @@
 //   COND       FIELD OP VALUE, OP one of >= > <= < == !=, VALUE a number, null or another FIELD;
 //              `reached` for steps_to_target != null (the run reached its task's target)
 //   FMT        % (a percentage, 1 decimal), %N (N decimals), .N (N decimals), +.N (a sign always),
-//              int (whole, thousands apart by commas)
+//              int (whole, thousands apart by commas, as counts are)
 #include <optional>
 #include <string>
 #include <utility>

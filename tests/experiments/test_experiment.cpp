@@ -208,26 +208,28 @@ TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater
   std::filesystem::remove_all(d.out);
 }
 
-TEST_CASE("the symmetry experiment's grid: four kinds of head on six tasks, every run valid") {
+TEST_CASE("the symmetry experiment's grid: five kinds of head on six tasks, every run valid") {
   const sweep::Sweep plan = sweep::parse_sweep(experiment_sweep({.name = "symmetry", .quick = true}), "symmetry");
-  REQUIRE(plan.runs.size() == 24);
+  REQUIRE(plan.runs.size() == 30);
   std::map<std::string, int> per_task;
   for (const sweep::Run& r : plan.runs) {
     INFO(r.labels.dump());
     CHECK_NOTHROW(check_options(r.train));
     ++per_task[r.labels["task"].get<std::string>()];
     const std::string variant = r.labels["variant"];
-    CHECK(nn::name_of(r.train.model.qk) == (variant == "identity" ? std::string("untied") : variant));
+    const bool identity = variant == "identity" || variant == "identity-qk";
+    CHECK(nn::name_of(r.train.model.qk) == (identity ? std::string("untied") : variant));
     CHECK((r.train.model.proj == nn::Projection::identity) == (variant == "identity"));
+    CHECK((r.train.model.proj == nn::Projection::identity_qk) == (variant == "identity-qk"));
     CHECK(r.train.steps == quick_steps);
     CHECK(r.train.warmup == quick_steps / 10 + 1);
     CHECK(r.train.target_every == 25);
   }
-  CHECK(per_task == std::map<std::string, int>{{"brackets", 4}, {"rps", 4}, {"line", 4}, {"cycle n=3", 4},
-                                               {"cycle n=5", 4}, {"induction", 4}});
-  CHECK(plan.runs[12].train.n == 3);
-  CHECK(plan.runs[16].train.n == 5);
-  CHECK(plan.runs[16].train.model.vocab_size == 5);
+  CHECK(per_task == std::map<std::string, int>{{"brackets", 5}, {"rps", 5}, {"line", 5}, {"cycle n=3", 5},
+                                               {"cycle n=5", 5}, {"induction", 5}});
+  CHECK(plan.runs[15].train.n == 3);
+  CHECK(plan.runs[20].train.n == 5);
+  CHECK(plan.runs[20].train.model.vocab_size == 5);
 }
 
 TEST_CASE("each shipped experiment file plans the runs of its committed results, option for option") {
@@ -459,7 +461,7 @@ TEST_CASE("the docs' experiment tables and charts are those of the committed res
 }
 
 TEST_CASE("the README's table of what tying breaks is the symmetry experiment's accuracy at step 6000") {
-  // Each row `task`, then a cell per kind of head (untied, tied, symmetric, identity): the mean ±
+  // Each row `task`, then a cell per kind of head (untied, tied, symmetric, identity, identity-qk): the mean ±
   // sd over seeds of the committed results' final accuracy, as the experiment's table prints it.
   const std::filesystem::path root(QKV_SOURCE_DIR);
   std::ifstream in(root / "docs" / "experiments" / "symmetry" / "results.json");
@@ -472,7 +474,7 @@ TEST_CASE("the README's table of what tying breaks is the symmetry experiment's 
   }
   std::ifstream readme_in(root / "README.md");
   REQUIRE(readme_in);
-  const std::regex row(R"(^\| `([a-z]+)( --n ([0-9]+))?` \| [^|]+ \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$)");
+  const std::regex row(R"(^\| `([a-z]+)( --n ([0-9]+))?` \| [^|]+ \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$)");
   std::size_t rows = 0;
   for (std::string line; std::getline(readme_in, line);) {
     std::smatch m;
@@ -480,7 +482,7 @@ TEST_CASE("the README's table of what tying breaks is the symmetry experiment's 
     const std::string task = m[3].matched ? fmt::format("{} n={}", m[1].str(), m[3].str()) : m[1].str();
     INFO(line);
     std::size_t column = 4;
-    for (const char* variant : {"untied", "tied", "symmetric", "identity"}) {
+    for (const char* variant : {"untied", "tied", "symmetric", "identity", "identity-qk"}) {
       REQUIRE(cell.count({task, variant}));
       CHECK(m[column++].str() == cell.at({task, variant}));
     }
