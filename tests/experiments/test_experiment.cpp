@@ -171,7 +171,7 @@ TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown 
 
   ExperimentOptions bad = tiny("sorting", "bad");
   CHECK_THAT(invalid_argument_message([&] { run_experiment(bad, progress, false); }),
-             Contains("unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal, symmetry, length, masks)"));
+             Contains("unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal, symmetry, length, masks, tokens)"));
 }
 
 TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater on top for at most 2 of 3") {
@@ -438,8 +438,9 @@ TEST_CASE("the docs' experiment tables and charts are those of the committed res
     CHECK(results.at("quick") == false);
     const nlohmann::ordered_json file = nlohmann::ordered_json::parse(experiment_file(name));
     CHECK(results.at("seeds") == file.at("seeds").at("count"));
-    CHECK(results.at("steps") == file.at("fixed").at("steps"));
-    CHECK(results.at("runs").size() == sweep::parse_sweep(file, name).runs.size());
+    const sweep::Sweep plan = sweep::parse_sweep(file, name);
+    CHECK(results.at("steps") == plan.runs.at(0).train.steps);
+    CHECK(results.at("runs").size() == plan.runs.size());
     for (const auto& run : results.at("runs")) CHECK(run.at("curve").back().at("accuracy") == run.at("accuracy"));
     // The table and the charts, as the runner makes them of the committed runs; with
     // QKV_WRITE_DOCS=1 in the environment, written where they differ (a label renamed, say).
