@@ -161,6 +161,8 @@ Json experiment_sweep(const ExperimentOptions& e) {
     if (!spec.contains("fixed")) spec["fixed"] = Json::object();
     Json& fixed = spec["fixed"];
     if (!fixed.is_object()) return spec;  // refused as it is, by parse_sweep
+    // A grid of budgets (scale's) gives way to the one asked for.
+    if (spec.contains("grid") && spec["grid"].is_object()) spec["grid"].erase("steps");
     fixed["steps"] = steps;
     // A shorter budget than the default warmup's tenfold keeps the warmup to a tenth of the steps.
     const std::size_t warmup = tasks::TrainOptions{}.warmup;

@@ -60,8 +60,8 @@ const std::string& experiment_file(const std::string& name);
 std::string experiment_description(const std::string& name);
 
 // The sweep an experiment runs: the file (shipped, or at the path `options.name`) with the
-// options' budget in place of its own. A budget shorter than the file's keeps the warmup to a tenth
-// of the steps (plus one). What run_experiment writes to OUT/sweep.json: `qkv sweep` runs the same
+// options' budget in place of its own (and of a grid of budgets, as scale's). A budget shorter than
+// the file's keeps the warmup to a tenth of the steps (plus one). What run_experiment writes to OUT/sweep.json: `qkv sweep` runs the same
 // runs from it.
 nlohmann::ordered_json experiment_sweep(const ExperimentOptions& options);
 

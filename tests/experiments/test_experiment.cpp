@@ -208,6 +208,26 @@ TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater
   std::filesystem::remove_all(d.out);
 }
 
+TEST_CASE("an experiment's grid of budgets gives way to --steps and --quick") {
+  const std::string file = temp_folder("experiment_budgets") + ".json";
+  std::ofstream(file) << R"({"tasks": ["rps"], "grid": {"qk": ["untied", "tied"], "steps": [10, 20]}, "seeds": {"count": 1}})";
+  const sweep::Sweep both = sweep::parse_sweep(experiment_sweep({.name = file}), file);
+  REQUIRE(both.runs.size() == 4);
+  CHECK(both.runs[1].train.steps == 20);
+  CHECK(both.runs[1].labels["steps"] == 20);
+  for (const ExperimentOptions& o : {ExperimentOptions{.name = file, .steps = 5}, ExperimentOptions{.name = file, .quick = true}}) {
+    const sweep::Sweep one = sweep::parse_sweep(experiment_sweep(o), file);
+    REQUIRE(one.runs.size() == 2);
+    for (const sweep::Run& r : one.runs) {
+      CHECK(r.train.steps == (o.quick ? quick_steps : 5));
+      CHECK(!r.labels.contains("steps"));
+    }
+  }
+  // scale's own file, quick: its 6 configurations at one budget.
+  CHECK(sweep::parse_sweep(experiment_sweep({.name = "scale", .quick = true}), "scale").runs.size() == 6);
+  std::filesystem::remove(file);
+}
+
 TEST_CASE("the symmetry experiment's grid: five kinds of head on six tasks, every run valid") {
   const sweep::Sweep plan = sweep::parse_sweep(experiment_sweep({.name = "symmetry", .quick = true}), "symmetry");
   REQUIRE(plan.runs.size() == 30);
