@@ -169,8 +169,10 @@ std::string formatted(double x, const std::string& format, const Query& q) {
   q.fail(fmt::format("'{}' is no format (%, %N, .N, +.N or int)", format));
 }
 
-// A range of percentages prints the sign once: "18.9–51.2%".
+// A range of percentages prints the sign once: "18.9–51.2%"; one that starts below zero reads
+// "-14.9% to -8.9%".
 std::string range_text(double lo, double hi, const std::string& format, const Query& q) {
+  if (lo < 0) return formatted(lo, format, q) + " to " + formatted(hi, format, q);
   if (const auto d = percent_decimals(format)) return fmt::format("{:.{}f}–{:.{}f}%", 100 * lo, *d, 100 * hi, *d);
   return formatted(lo, format, q) + "–" + formatted(hi, format, q);
 }

@@ -28,8 +28,15 @@ const Json* value_at(const Json& run, const std::string& path) {
   for (std::size_t from = 0;;) {
     const std::size_t dot = path.find('.', from);
     const std::string key = path.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
-    if (!at->is_object() || !at->contains(key)) return nullptr;
-    at = &at->at(key);
+    if (at->is_array()) {  // a list's element by its index
+      if (key.empty() || key.find_first_not_of("0123456789") != std::string::npos || key.size() > 9) return nullptr;
+      const std::size_t i = std::stoul(key);
+      if (i >= at->size()) return nullptr;
+      at = &at->at(i);
+    } else {
+      if (!at->is_object() || !at->contains(key)) return nullptr;
+      at = &at->at(key);
+    }
     if (dot == std::string::npos) return at;
     from = dot + 1;
   }

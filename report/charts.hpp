@@ -19,8 +19,8 @@ struct RunGroup {
   std::vector<const nlohmann::ordered_json*> runs;
 };
 std::vector<RunGroup> group_runs(const nlohmann::ordered_json& runs);
-// The value at `path` of a run: a key, or keys joined by dots into nested objects ("ablation.L0H0.zero");
-// none when a key is missing.
+// The value at `path` of a run: a key, or keys joined by dots into nested objects and lists
+// ("ablation.L0H0.zero", "ablation.needed_by_layer.0"); none when a key or index is missing.
 const nlohmann::ordered_json* value_at(const nlohmann::ordered_json& run, const std::string& path);
 // The value at `key` (a path, as value_at's) in each run of the group that has one (a number or a
 // boolean, as 1 or 0; not null).

@@ -64,7 +64,8 @@ Json made_runs() {
   for (int i = 0; i < 6; ++i) {
     Json run = {{"seed", i}, {"labels", {{"task", "induction"}, {"variant", i % 2 ? "tied" : "untied"}}},
                 {"accuracy", accuracy[i]}, {"steps_to_target", reached[i]}};
-    run["ablation"] = {{"L0H0", {{"zero", 0.1 * i}, {"needed", i < 4}}}};
+    run["ablation"] = {{"L0H0", {{"zero", 0.1 * i}, {"needed", i < 4}}}, {"by_layer", {i % 3 == 0, 0}}};
+    run["ablation"]["by_layer"][1] = i % 3 == 1;
     run["token_qk"] = {{")", {{"(", 70.0 - i}, {"[", i % 3 ? -40.0 : 12.5}}}, {"[", {{")", 30.0 - 10 * i}}}};
     run["curve"] = {{{"step", 0}, {"accuracy", 0.0}, {"top1_max", 0.0}},
                     {{"step", 100}, {"accuracy", 0.1 * i}, {"top1_max", 0.5}},
@@ -103,12 +104,15 @@ TEST_CASE("doc numbers: each statistic of a query, on runs made by hand") {
   // Nested fields by dots, booleans as 1 and 0, one field against another.
   CHECK(query_runs(runs, "* | count ablation.L0H0.needed == 1") == "4 of 6");
   CHECK(query_runs(runs, "* | max ablation.L0H0.zero .2") == "0.50");
+  CHECK(query_runs(runs, "* | count ablation.by_layer.1 == 1") == "2 of 6");  // a list's element by its index
+  CHECK_THROWS_WITH(query_runs(runs, "* | count ablation.by_layer.2 == 1"), Catch::Contains("the runs have no 'ablation.by_layer.2'"));
   CHECK(query_runs(runs, "* | count token_qk.).( > token_qk.).[") == "6 of 6");
   CHECK(query_runs(runs, "* | count token_qk.).[ < 0") == "4 of 6");
   // [→) 30, 20, 10, 0, −10, −20 against )→[ 12.5, −40, −40, 12.5, −40, −40: all but the fourth.
   CHECK(query_runs(runs, "* | count token_qk.[.) > token_qk.).[") == "5 of 6");
   CHECK(query_runs(runs, "variant=untied | mean token_qk.).( +.1") == "+68.0");
   CHECK(query_runs(runs, "* | min token_qk.[.) +.1") == "-20.0");
+  CHECK(query_runs(runs, "* | range token_qk.[.) .0") == "-20 to 30");  // a range from below zero
   // A field on the curve at a step, the points of the curves, and the range of the means over steps.
   CHECK(query_runs(runs, "variant=untied | mean accuracy@100 .2") == "0.20");
   CHECK(query_runs(runs, "* | points top1_max > 0.6") == "1 of 18");

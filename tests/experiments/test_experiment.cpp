@@ -171,7 +171,7 @@ TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown 
 
   ExperimentOptions bad = tiny("sorting", "bad");
   CHECK_THAT(invalid_argument_message([&] { run_experiment(bad, progress, false); }),
-             Contains("unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal, symmetry, length, masks, tokens)"));
+             Contains("unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal, symmetry, length, masks, tokens, circuit)"));
 }
 
 TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater on top for at most 2 of 3") {
