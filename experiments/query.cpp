@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <regex>
 #include <stdexcept>
@@ -43,39 +44,56 @@ struct Query {
 
   [[noreturn]] void fail(const std::string& why) const { throw std::invalid_argument(fmt::format("'{}': {}", text, why)); }
 
+  // A number of the query, the whole word of it.
+  double number(const std::string& word) const {
+    double x = 0;
+    const auto [end, error] = std::from_chars(word.data(), word.data() + word.size(), x);
+    if (error != std::errc() || end != word.data() + word.size()) fail(fmt::format("'{}' is not a number", word));
+    return x;
+  }
+
+  const Json& curve_of(const Json& run) const {
+    const Json* curve = report::value_at(run, "curve");
+    if (!curve || !curve->is_array()) fail("a run has no curve");
+    return *curve;
+  }
+
+  // The point of a run's curve at `step`, or none.
+  const Json* point_at(const Json& run, double step) const {
+    for (const Json& p : curve_of(run))
+      if (const Json* s = report::value_at(p, "step"); s && s->is_number() && s->get<double>() == step) return &p;
+    return nullptr;
+  }
+
+  // Whether some run has `key`, or some point of a run's curve when `on_curve`.
+  bool some_run_has(const std::string& key, bool on_curve) const {
+    return std::any_of(runs.begin(), runs.end(), [&](const Json& r) {
+      if (!on_curve) return report::value_at(r, key) != nullptr;
+      const Json& curve = curve_of(r);
+      return std::any_of(curve.begin(), curve.end(), [&](const Json& p) { return report::value_at(p, key) != nullptr; });
+    });
+  }
+
   // FIELD or FIELD@STEP of `object` (a run, or a point of a curve when `point`); none where it is
-  // null, or the object has no such field while some run has it (a task's probe), or the curve has
-  // no such step.
+  // null, or the object has no such field while some run has it (a task's probe), or its curve has
+  // no such step while another's has. A field no run has, or a step no curve has, is an error.
   std::optional<double> field(const Json& object, const std::string& name, bool point = false) const {
     const auto at = name.find('@');
     const Json* value = nullptr;
     if (at == std::string::npos || point) {
       value = report::value_at(object, name);
-      if (!value) {
-        const auto has = [&](const Json& r) {
-          if (!point) return report::value_at(r, name) != nullptr;
-          const Json* curve = report::value_at(r, "curve");
-          return curve && std::any_of(curve->begin(), curve->end(), [&](const Json& p) { return report::value_at(p, name); });
-        };
-        if (std::none_of(runs.begin(), runs.end(), has))
-          fail(fmt::format("the runs have no '{}'{}", name, point ? " on their curves" : ""));
-        return std::nullopt;
-      }
+      if (!value && !some_run_has(name, point))
+        fail(fmt::format("the runs have no '{}'{}", name, point ? " on their curves" : ""));
     } else {
-      const double step = std::stod(name.substr(at + 1));
+      const double step = number(name.substr(at + 1));
       const std::string key = name.substr(0, at);
-      bool stepped = false;
-      for (const Json& p : object.at("curve"))
-        if (p.at("step").get<double>() == step) stepped = true, value = report::value_at(p, key);
-      if (!stepped) {
-        const auto has_step = [&](const Json& r) {
-          return std::any_of(r.at("curve").begin(), r.at("curve").end(), [&](const Json& p) { return p.at("step").get<double>() == step; });
-        };
-        if (std::none_of(runs.begin(), runs.end(), has_step)) fail(fmt::format("no run's curve has step {}", step));
-      }
-      if (!value) return std::nullopt;
+      const Json* p = point_at(object, step);
+      if (!p && std::none_of(runs.begin(), runs.end(), [&](const Json& r) { return point_at(r, step) != nullptr; }))
+        fail(fmt::format("no run's curve has step {}", name.substr(at + 1)));
+      value = p ? report::value_at(*p, key) : nullptr;
+      if (!value && !some_run_has(key, true)) fail(fmt::format("the runs have no '{}' on their curves", key));
     }
-    if (value->is_null()) return std::nullopt;
+    if (!value || value->is_null()) return std::nullopt;
     if (value->is_boolean()) return value->get<bool>() ? 1.0 : 0.0;
     if (!value->is_number()) fail(fmt::format("'{}' is not a number", name));
     return value->get<double>();
@@ -92,8 +110,9 @@ struct Query {
       if (op != "==" && op != "!=") fail("null compares by == or != alone");
       return (op == "==") == !v.has_value();
     }
-    static const std::regex number(R"(^-?[0-9.]+(e-?[0-9]+)?$)");
-    const std::optional<double> x = std::regex_match(right, number) ? std::optional<double>(std::stod(right)) : field(object, right, point);
+    // A number (its first character a digit, a sign or a point), or another field.
+    const bool numeric = std::isdigit(static_cast<unsigned char>(right[0])) || right[0] == '-' || right[0] == '.';
+    const std::optional<double> x = numeric ? std::optional<double>(number(right)) : field(object, right, point);
     if (!v || !x) return false;
     return op == ">=" ? *v >= *x : op == "<=" ? *v <= *x : op == ">" ? *v > *x : op == "<" ? *v < *x : op == "==" ? *v == *x : *v != *x;
   }
@@ -118,6 +137,7 @@ Query parse(const Json& runs, const std::string& text) {
   const std::vector<std::string> parts = split_by(text, "|");
   if (parts.size() != 2) q.fail("not RUNS | STATISTIC");
   std::string labels = parts[0], where;
+  if (labels.starts_with("where ")) q.fail("the runs are `*` or labels, then `where`: `* where …`");
   if (const auto at = labels.find(" where "); at != std::string::npos)
     where = trimmed(labels.substr(at + 7)), labels = trimmed(labels.substr(0, at));
   for (const Json& run : runs) {
@@ -127,7 +147,9 @@ Query parse(const Json& runs, const std::string& text) {
         const auto eq = pair.find('=');
         if (eq == std::string::npos) q.fail(fmt::format("'{}' is not key=value", pair));
         const std::string key = trimmed(pair.substr(0, eq));
-        const Json& l = run.at("labels");
+        const Json* has_labels = report::value_at(run, "labels");
+        if (!has_labels || !has_labels->is_object()) q.fail("a run has no labels");
+        const Json& l = *has_labels;
         if (!l.contains(key)) q.fail(fmt::format("the runs have no label '{}'", key));
         const std::string value = l.at(key).is_string() ? l.at(key).get<std::string>() : l.at(key).dump();
         const std::vector<std::string> either = split_by(pair.substr(eq + 1), " / ");
@@ -141,6 +163,10 @@ Query parse(const Json& runs, const std::string& text) {
   const auto space = statistic.find(' ');
   q.statistic = statistic.substr(0, space);
   q.rest = space == std::string::npos ? "" : trimmed(statistic.substr(space));
+  static const std::vector<std::string> known = {"count",  "wilson", "rate", "points", "curve",  "mean",         "sd",
+                                                 "min",    "max",    "range", "median", "mean±sd", "median+range",
+                                                 "bootstrap"};
+  if (std::find(known.begin(), known.end(), q.statistic) == known.end()) q.fail(fmt::format("'{}' is no statistic", q.statistic));
   return q;
 }
 
@@ -185,32 +211,53 @@ std::size_t count_of(const Query& q) {
 
 }  // namespace
 
+namespace {
+
+// The interval statistics' estimate and interval: wilson and rate of a count, bootstrap of a mean.
+std::optional<QueryInterval> interval_of(const Query& q) {
+  const std::size_t n = q.chosen.size();
+  if (q.statistic == "wilson" || q.statistic == "rate") {
+    const std::size_t k = count_of(q);
+    const auto [lo, hi] = report::wilson_interval(k, n);
+    return QueryInterval{double(k) / double(n), lo, hi, n};
+  }
+  if (q.statistic == "bootstrap") {
+    const std::vector<std::string> words = split_by(q.rest, " ");
+    if (words.size() != 2) q.fail("not bootstrap FIELD FORMAT");
+    const std::vector<double> values = q.values(words[0]);
+    const auto [lo, hi] = report::bootstrap_mean_interval(values);
+    return QueryInterval{report::stats(values).mean, lo, hi, values.size()};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::string query_runs(const Json& runs, const std::string& text) {
   const Query q = parse(runs, text);
   const std::string& name = q.statistic;
-  const std::size_t n = q.chosen.size();
-  if (name == "count" || name == "wilson" || name == "rate") {
-    const std::size_t k = count_of(q);
-    const auto [lo, hi] = report::wilson_interval(k, n);
-    const std::string interval = fmt::format("{:.0f}–{:.0f}%", 100 * lo, 100 * hi);
-    const std::string of = formatted(double(k), "int", q) + " of " + formatted(double(n), "int", q);
-    return name == "count" ? of : name == "wilson" ? interval : of + " (" + interval + ")";
+  const std::vector<std::string> words = split_by(q.rest, " ");
+  if (const std::optional<QueryInterval> i = interval_of(q)) {
+    const std::string& f = name == "bootstrap" ? words[1] : "%0";
+    const std::string interval = range_text(i->lo, i->hi, f, q);
+    if (name != "rate") return interval;
+    return formatted(i->estimate * double(i->n), "int", q) + " of " + formatted(double(i->n), "int", q) + " (" + interval + ")";
   }
+  if (name == "count") return formatted(double(count_of(q)), "int", q) + " of " + formatted(double(q.chosen.size()), "int", q);
   if (name == "points") {
     const std::vector<std::string> conditions = split_by(q.rest, ", ");
     std::size_t k = 0, points = 0;
     for (const Json* r : q.chosen)
-      for (const Json& p : r->at("curve")) k += q.all_hold(p, conditions, true), ++points;
+      for (const Json& p : q.curve_of(*r)) k += q.all_hold(p, conditions, true), ++points;
     return formatted(double(k), "int", q) + " of " + formatted(double(points), "int", q);
   }
-  const std::vector<std::string> words = split_by(q.rest, " ");
   if (name == "curve") {
     if (words.size() != 4) q.fail("not curve FIELD FORMAT FROM TO");
-    const double from = std::stod(words[2]), to = std::stod(words[3]);
+    const double from = q.number(words[2]), to = q.number(words[3]);
     std::vector<double> means;  // at each step from `from` to `to`
     std::vector<double> steps;
-    for (const Json& p : q.chosen.front()->at("curve"))
-      if (const double s = p.at("step").get<double>(); s >= from && s <= to) steps.push_back(s);
+    for (const Json& p : q.curve_of(*q.chosen.front()))
+      if (const double s = p.value("step", -1.0); s >= from && s <= to) steps.push_back(s);
     for (const double s : steps) {
       std::vector<double> at;
       for (const Json* r : q.chosen)
@@ -233,10 +280,6 @@ std::string query_runs(const Json& runs, const std::string& text) {
   if (name == "median") return as_text(report::median(values));
   if (name == "range") return range_text(values.front(), values.back(), f, q);
   if (name == "median+range") return as_text(report::median(values)) + " (" + range_text(values.front(), values.back(), f, q) + ")";
-  if (name == "bootstrap") {
-    const auto [lo, hi] = report::bootstrap_mean_interval(values);
-    return range_text(lo, hi, f, q);
-  }
   if (name == "mean±sd") {
     if (percent_decimals(f)) return as_text(s.mean) + " ± " + as_text(s.sd);
     return as_text(s.mean) + " ± " + formatted(s.sd, f[0] == '+' ? f.substr(1) : f, q);
@@ -244,22 +287,6 @@ std::string query_runs(const Json& runs, const std::string& text) {
   q.fail(fmt::format("'{}' is no statistic", name));
 }
 
-std::optional<QueryInterval> query_interval(const Json& runs, const std::string& text) {
-  const Query q = parse(runs, text);
-  const std::size_t n = q.chosen.size();
-  if (q.statistic == "wilson" || q.statistic == "rate") {
-    const std::size_t k = count_of(q);
-    const auto [lo, hi] = report::wilson_interval(k, n);
-    return QueryInterval{double(k) / double(n), lo, hi, n};
-  }
-  if (q.statistic == "bootstrap") {
-    const std::vector<std::string> words = split_by(q.rest, " ");
-    if (words.size() != 2) q.fail("not bootstrap FIELD FORMAT");
-    const std::vector<double> values = q.values(words[0]);
-    const auto [lo, hi] = report::bootstrap_mean_interval(values);
-    return QueryInterval{report::stats(values).mean, lo, hi, values.size()};
-  }
-  return std::nullopt;
-}
+std::optional<QueryInterval> query_interval(const Json& runs, const std::string& text) { return interval_of(parse(runs, text)); }
 
 }  // namespace qkv::experiments

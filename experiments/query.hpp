@@ -15,9 +15,9 @@
 //              curve FIELD FMT FROM TO  "lo–hi": the lowest and highest of the runs' mean of
 //              FIELD at each step of their curves from FROM to TO
 //   FIELD      a number (or true/false, as 1/0) of each run's results: a key (accuracy,
-//              steps_to_target, sigma, …), or keys into nested objects joined by dots
-//              (ablation.L0H0.zero); or FIELD@STEP, its value on the run's curve at STEP. Runs
-//              where it is null are left out of a statistic
+//              steps_to_target, sigma, …), or keys and list indices joined by dots
+//              (ablation.L0H0.zero, ablation.needed_by_layer.0); or FIELD@STEP, its value on the
+//              run's curve at STEP. Runs where it is null are left out of a statistic
 //   COND       FIELD OP VALUE, OP one of >= > <= < == !=, VALUE a number, null or another FIELD;
 //              `reached` for steps_to_target != null (the run reached its task's target)
 //   FMT        % (a percentage, 1 decimal), %N (N decimals), .N (N decimals), +.N (a sign always),

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
 #include "qkv/core/random.hpp"
 
 namespace qkv::report {
@@ -29,6 +31,7 @@ double median(std::vector<double> v) {
 }
 
 std::pair<double, double> wilson_interval(std::size_t k, std::size_t n) {
+  if (k > n) throw std::invalid_argument(fmt::format("wilson_interval: {} of {} is more than all", k, n));
   if (n == 0) return {0, 1};
   const double z = 1.959963984540054, p = double(k) / double(n), N = double(n);
   const double centre = (p + z * z / (2 * N)) / (1 + z * z / N);

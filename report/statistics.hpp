@@ -19,7 +19,8 @@ Stats stats(const std::vector<double>& values);
 // when there is none.
 double median(std::vector<double> values);
 
-// The 95% Wilson score interval of a rate of k in n, as fractions; [0, 1] for n = 0.
+// The 95% Wilson score interval of a rate of k in n, as fractions; [0, 1] for n = 0;
+// std::invalid_argument for k > n.
 std::pair<double, double> wilson_interval(std::size_t k, std::size_t n);
 
 // The 95% percentile bootstrap interval of the mean of `values`: the 2.5th and 97.5th percentiles

@@ -20,8 +20,9 @@ using Json = nlohmann::ordered_json;
 
 namespace {
 
-// σ of the head the task reads: head 0 of the last layer; of a seq2seq model, the mean over the
-// last decoder layer's cross-attention heads (which share the reading of the source).
+// σ of the head the task reads: head 0 of the last layer. A seq2seq model has no such head (its
+// output is read through every cross-attention head, which share the source between them): the mean
+// over the last decoder layer's cross-attention heads.
 double readout_sigma(const nn::Transformer& m) { return nn::symmetric_share(nn::qk_circuit(m.blocks.back()->attn, 0)); }
 double readout_sigma(const nn::EncoderDecoder& m) {
   const nn::MultiHeadAttention& cross = m.decoder.back()->cross_attn;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,7 +72,8 @@ void init_attention(Json& run, nn::Transformer& m, const Task& task, const Seque
 // token (itself among them), over every head and every query with another key to choose; and how
 // much the queries' lengths |q_i| differ (their sd over their mean, per head and sequence,
 // averaged). Tied and identity heads score a Gram matrix, where a query at least as long as another
-// position's scores itself at least as high as that position.
+// position's scores itself at least as high as that position. Every layer counts alike: past layer
+// 0 a position's stream holds more than its own token, and "its token" is the input's at it.
 void self_attention(Json& run, nn::Transformer& m, const Task&, const Sequences& inputs) {
   NoGradGuard no_grad;
   const auto point = [](std::size_t l, const char* name) { return fmt::format("blocks.{}.attn.{}", l, name); };
@@ -116,7 +118,8 @@ void self_attention(Json& run, nn::Transformer& m, const Task&, const Sequences&
       }
     }
   }
-  // None where no query had another key to choose (no head with a query of nonzero length).
+  // The shares are none where no query had another key to choose; the spread where no head had a
+  // query of nonzero length.
   const auto share = [&](double x) { return queries ? Json(x / double(queries)) : Json(); };
   run["self_weight"] = share(weight);
   run["self_top"] = share(top);
@@ -148,10 +151,11 @@ Json composition(const nn::Transformer& m) {
   return out;
 }
 
-// Each head ablated in turn (`qkv ablate`'s defaults: 1,024 held-out sequences from seed 1, patched
-// with the task's corruption where it has one): the clean and corrupted accuracy, and for each head
-// the model reads its accuracy zero- and mean-ablated, the shares of noising and denoising, and
-// whether the task needs it; how many heads it needs, in all and per layer.
+// Each head ablated in turn (`qkv ablate`'s defaults: 1,024 held-out sequences from seed 1, padding
+// keys masked, patched with the task's corruption where it has one): the clean and corrupted
+// accuracy; for each head whose output the model reads (not a pointer model's readout layer), its
+// accuracy zero- and mean-ablated, the shares of noising and denoising, and whether the task needs
+// it; and how many heads it needs, in all and per layer.
 void ablation(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
   const std::string& name = task.info().name;
   const std::vector<std::string> known = tasks::task_names();
@@ -179,18 +183,18 @@ void ablation(Json& run, nn::Transformer& m, const Task& task, const Sequences&)
 
 // A seq2seq run's decoder against the task's true alignment, as `qkv inspect` and `qkv eval` measure
 // it: each cross-attention head's weight on the aligned source positions and the share of output
-// tokens whose top position is aligned (256 held-out sources, seed 1), the best head's weight, the
-// share of tokens some head of the last layer has on top, and the exact match of greedy decoding
-// from the start token (1,024 held-out sources, seed 1).
+// tokens whose top position is aligned (256 held-out sources, seed 1); of the last decoder layer,
+// the best head's weight and the share of tokens some head has on top; and the exact match of
+// greedy decoding from the start token (1,024 held-out sources, seed 1).
 void alignment(Json& run, nn::EncoderDecoder& m, const tasks::Seq2SeqTask& task) {
   const analysis::AlignmentInspection in = analysis::inspect_alignment(m, task, analysis::typical_source(task));
   Json heads = Json::object();
-  double best = 0;
   for (const auto& layer : in.layers)
-    for (const analysis::CrossHead& h : layer) {
-      heads[fmt::format("L{}H{}", h.layer, h.head)] = {{"weight", h.held_out}, {"top1", h.top1}, {"sigma", h.sigma}};
-      best = std::max(best, h.held_out);
-    }
+    for (const analysis::CrossHead& h : layer)
+      heads[head_name(h.layer, h.head)] = {{"weight", h.held_out}, {"top1", h.top1}, {"sigma", h.sigma}};
+  // The last decoder layer's, as any_head_top1 is.
+  double best = 0;
+  for (const analysis::CrossHead& h : in.layers.back()) best = std::max(best, h.held_out);
   run["alignment"] = {{"best_weight", best}, {"any_head_top1", in.any_head_top1.back()}, {"heads", std::move(heads)}};
   run["exact_match_generated"] = tasks::evaluate_generation(m, task, 32, 32, 1).exact_match;
 }
@@ -249,7 +253,18 @@ const std::vector<Measurement>& measurement_registry() {
        .help = "at the end: the readout head's token table (the score of each query token for each key token, from "
                "their embeddings alone, as qkv inspect draws it), by the tokens' names",
        .columns = {},
-       .extras = {.at_init = {}, .at_end = token_table}},
+       .extras = {.at_init = {}, .at_end = token_table},
+       .check = [](const tasks::TrainOptions& o) -> std::string {
+         // The names are the keys of a path (token_qk.).( ): distinct, and no dot among them.
+         const auto task = tasks::make_task(o.task, o.n);
+         std::set<std::string> names;
+         for (std::size_t t = 0; t < task->info().vocab_size; ++t) {
+           const std::string name = task->token_name(std::int64_t(t));
+           if (name.find('.') != std::string::npos) return fmt::format("the token name '{}' holds a '.'", name);
+           if (!names.insert(name).second) return fmt::format("two tokens are named '{}'", name);
+         }
+         return "";
+       }},
       {.name = "composition",
        .help = "at init and at the end: each earlier head's Q-, K- and V-composition into each later head",
        .columns = {},
@@ -264,7 +279,10 @@ const std::vector<Measurement>& measurement_registry() {
        .help = "at the end: each head zero- and mean-ablated and, where the task has a corrupted input, patched both "
                "ways, as qkv ablate does on 1,024 held-out sequences (seed 1)",
        .columns = {{"ablation.needed", "heads needed", "{:.2f}"}},
-       .extras = {.at_init = {}, .at_end = ablation}},
+       .extras = {.at_init = {}, .at_end = ablation},
+       .check = [](const tasks::TrainOptions& o) -> std::string {
+         return o.mask_padding ? "" : "ablation masks the padding keys as qkv ablate does, and the run trains without";
+       }},
       {.name = "alignment",
        .help = "at the end of a seq2seq run: each cross-attention head's weight on the true alignment and its top-1, the "
                "best head's weight, the share of output tokens some head has on top, and the exact match of greedy "

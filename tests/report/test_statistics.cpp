@@ -38,6 +38,7 @@ TEST_CASE("statistics: the 95 percent Wilson interval of a count, by hand") {
   CHECK(hi == Approx(0.66847).margin(5e-5));
   std::tie(lo, hi) = wilson_interval(0, 0);
   CHECK((lo == 0 && hi == 1));
+  CHECK_THROWS_WITH(wilson_interval(3, 2), Catch::Contains("3 of 2 is more than all"));
 }
 
 TEST_CASE("statistics: the bootstrap interval of a mean against numpy's, and the same interval every time") {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,8 @@
 #include "qkv/sweep/measure.hpp"
 #include "qkv/sweep/measurements.hpp"
 #include "qkv/tasks/registry.hpp"
+#include "qkv/training/run_folder.hpp"
+#include "qkv/training/trainer.hpp"
 
 using namespace qkv;
 using namespace qkv::sweep;
@@ -92,6 +95,33 @@ TEST_CASE("self_attention: a tied head whose queries differ in length puts a lon
   CHECK(run["self_weight"].get<double>() < 1);
 }
 
+TEST_CASE("self_attention: the keys holding a query's token, against the forward's weights by hand") {
+  // rps tokens 0, 1, 1, 2 through one bidirectional layer of tied heads: the two 1s share a token, so
+  // a query of token 1 has two keys of its own token. The shares from the weights the forward returns.
+  const auto m = tied_rps(1.0f);
+  const std::vector<std::int64_t> input = {0, 1, 1, 2};
+  nlohmann::ordered_json run;
+  measurement("self_attention").extras.at_end(run, *m, *tasks::make_task("rps"), Sequences{input});
+  const Array<double> w = m->forward(tasks::one_row(input), true).attention[0].weights.to(DType::float64).value<double>();
+  double weight = 0, top = 0, self = 0;
+  std::size_t queries = 0;
+  for (std::size_t h = 0; h < w.shape()[1]; ++h)
+    for (std::size_t i = 0; i < 4; ++i, ++queries) {
+      std::size_t best = 0;
+      for (std::size_t j = 0; j < 4; ++j) {
+        if (input[j] == input[i]) weight += w(0, h, i, j);
+        if (w(0, h, i, j) > w(0, h, i, best)) best = j;
+      }
+      top += input[best] == input[i];
+      self += w(0, h, i, i);
+    }
+  CHECK(run["same_token_weight"].get<double>() == Approx(weight / double(queries)).epsilon(1e-6));
+  CHECK(run["same_token_top"].get<double>() == Approx(top / double(queries)));
+  CHECK(run["same_token_top"].get<double>() > 0);
+  CHECK(run["same_token_weight"].get<double>() > run["self_weight"].get<double>());  // the other 1 counts
+  CHECK(run["self_weight"].get<double>() == Approx(self / double(queries)).epsilon(1e-6));
+}
+
 TEST_CASE("self_attention: a query whose weight is all on itself counts, though its other weights round to 0") {
   // The tied head of the previous test with W_q 200 times larger: scores 40,000 times larger, so the
   // longest query's weight on any other key underflows to exactly 0 in float32. It still has keys to
@@ -125,6 +155,7 @@ TEST_CASE("token_table: the readout head's token table by the tokens' names, as 
       CHECK(run["token_qk"][in.vocabulary[q]][in.vocabulary[k]].get<double>() == table(q, k));
     }
   CHECK(run["token_qk"][")"]["("].get<double>() != run["token_qk"]["("][")"].get<double>());  // untied: not symmetric
+  CHECK(measurement("token_table").check(tasks::default_options("brackets")) == "");  // names distinct, without dots
 }
 
 TEST_CASE("composition: each earlier head into each later head, at init and at the end, named as inspect names them") {
@@ -133,61 +164,83 @@ TEST_CASE("composition: each earlier head into each later head, at init and at t
   const auto task = tasks::make_task("induction");
   Generator gen(5), same(5);
   nn::Transformer m(o.model, gen), init(o.model, same);
+  {  // The model the run ends with is another: half of L0H1's values zeroed (a scale alone would
+     // leave every normalized score as it was).
+    NoGradGuard no_grad;
+    auto& w = m.blocks[0]->attn.v_proj->weight.mutable_value<float>();
+    for (std::size_t r = 16; r < 24; ++r) xt::row(w, std::ptrdiff_t(r)).fill(0);
+  }
   nlohmann::ordered_json run;
   measurement("composition").extras.at_init(run, init, *task, Sequences{}, 5);
   measurement("composition").extras.at_end(run, m, *task, Sequences{});
-  const std::vector<analysis::HeadComposition> expected = analysis::compositions(m);
-  REQUIRE(expected.size() == 4);  // 2 heads into 2 heads
-  for (const analysis::HeadComposition& c : expected) {
-    const std::string from = fmt::format("L{}H{}", c.from_layer, c.from_head), to = fmt::format("L{}H{}", c.to_layer, c.to_head);
-    INFO(from << " → " << to);
-    for (const char* key : {"composition_init", "composition"}) {
+  std::size_t moved = 0;
+  for (const auto& [key, model] : {std::pair<const char*, nn::Transformer*>{"composition_init", &init}, {"composition", &m}}) {
+    const std::vector<analysis::HeadComposition> expected = analysis::compositions(*model);
+    REQUIRE(expected.size() == 4);  // 2 heads into 2 heads
+    for (const analysis::HeadComposition& c : expected) {
+      const std::string from = fmt::format("L{}H{}", c.from_layer, c.from_head), to = fmt::format("L{}H{}", c.to_layer, c.to_head);
+      INFO(key << ": " << from << " → " << to);
       const auto& scores = run[key][from][to];
       CHECK(scores["q"].get<double>() == c.q);
       CHECK(scores["k"].get<double>() == c.k);
       CHECK(scores["v"].get<double>() == c.v);
     }
-    // nn::composition_score itself is checked against the formula in tests/nn.
-    CHECK(c.k == nn::composition_score(m.blocks[0]->attn, c.from_head, m.blocks[1]->attn, c.to_head, nn::Composition::k));
   }
+  for (const char* to : {"L1H0", "L1H1"})
+    moved += run["composition"]["L0H1"][to]["k"] != run["composition_init"]["L0H1"][to]["k"];
+  CHECK(moved == 2);  // L0H1's output changed
+  CHECK(run["composition"]["L0H0"]["L1H0"] == run["composition_init"]["L0H0"]["L1H0"]);  // L0H0's did not
   CHECK(measurement("composition").check(o) == "");
   o.model.layers = 1;
   CHECK(measurement("composition").check(o) == "composition needs two layers or more");
 }
 
 TEST_CASE("ablation: qkv ablate's numbers for each head, and how many heads the task needs") {
+  // An induction model trained 600 steps (past the step its circuit forms), whose heads the task
+  // needs; the numbers are analysis::ablate's, checked by hand in tests/analysis.
+  std::ostringstream quiet;
+  tasks::TrainOptions o = tasks::default_options("induction");
+  o.steps = 600;
+  o.out = test::scratch("measure_ablation") + "/run";
+  training::train(o, quiet, false);
   const auto task = tasks::make_task("induction");
-  Generator gen(6);
-  nn::Transformer m(tasks::default_options("induction").model, gen);
+  const auto m = training::load_model(o.out);
   nlohmann::ordered_json run;
-  measurement("ablation").extras.at_end(run, m, *task, Sequences{});
-  const analysis::Ablation a = analysis::ablate(m, *task, tasks::task_spec("induction").corruption, 32, 32, 1);
+  measurement("ablation").extras.at_end(run, *m, *task, Sequences{});
+  const analysis::Ablation a = analysis::ablate(*m, *task, tasks::task_spec("induction").corruption, 32, 32, 1);
   const auto& out = run["ablation"];
   CHECK(out["clean"].get<double>() == a.clean.accuracy);
   REQUIRE(a.corrupted);
   CHECK(out["corrupted"].get<double>() == a.corrupted->accuracy);
   REQUIRE(a.heads.size() == 2);
-  std::size_t needed = 0;
+  const auto optional = [](const std::optional<double>& x) { return x ? nlohmann::ordered_json(*x) : nlohmann::ordered_json(); };
+  std::vector<std::size_t> by_layer(2, 0);
   for (const analysis::HeadAblation& h : a.heads) {
     const auto& head = out[fmt::format("L{}H{}", h.layer, h.head)];
     CHECK(head["zero"].get<double>() == h.zero.accuracy);
     CHECK(head["mean"].get<double>() == h.mean.accuracy);
-    CHECK(head["noising_share"].get<double>() == *h.noising_share);
-    CHECK(head["denoising_share"].get<double>() == *h.denoising_share);
+    CHECK(head["noising_share"] == optional(h.noising_share));
+    CHECK(head["denoising_share"] == optional(h.denoising_share));
     CHECK(head["needed"].get<bool>() == h.needed);
-    needed += h.needed;
+    by_layer[h.layer] += h.needed;
   }
-  CHECK(out["needed"].get<std::size_t>() == needed);
-  CHECK(out["needed_by_layer"].size() == 2);
+  CHECK(by_layer == std::vector<std::size_t>{1, 1});  // both heads of the circuit
+  CHECK(out["needed"].get<std::size_t>() == 2);
+  CHECK(out["needed_by_layer"].get<std::vector<std::size_t>>() == by_layer);
   // A pointer task's readout layer is not read through its heads' outputs: it has no entry, and no
   // corrupted input means no shares.
   const auto brackets = tasks::make_task("brackets");
-  Generator gen2(6);
-  nn::Transformer b(tasks::default_options("brackets").model, gen2);
+  Generator gen(6);
+  nn::Transformer b(tasks::default_options("brackets").model, gen);
   nlohmann::ordered_json pointer;
   measurement("ablation").extras.at_end(pointer, b, *brackets, Sequences{});
   CHECK(pointer["ablation"].contains("L0H0"));
   CHECK(!pointer["ablation"].contains("L1H0"));
   CHECK(pointer["ablation"]["corrupted"].is_null());
   CHECK(pointer["ablation"]["L0H0"]["noising_share"].is_null());
+  // A run trained without masking the padding is not ablated as qkv ablate would.
+  tasks::TrainOptions unmasked = tasks::default_options("brackets");
+  CHECK(measurement("ablation").check(unmasked) == "");
+  unmasked.mask_padding = false;
+  CHECK_THAT(measurement("ablation").check(unmasked), Catch::Contains("masks the padding keys"));
 }
