@@ -171,7 +171,7 @@ TEST_CASE("experiment runner: the extra columns of scale and kv, and an unknown 
 
   ExperimentOptions bad = tiny("sorting", "bad");
   CHECK_THAT(invalid_argument_message([&] { run_experiment(bad, progress, false); }),
-             Contains("unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal, symmetry, length, masks, tokens, circuit)"));
+             Contains("unknown experiment 'sorting' (known: ablations, dhead, scale, kv, causal, symmetry, length, masks, tokens, circuit, defaults, seq2seq)"));
 }
 
 TEST_CASE("experiment runner: on rps, symmetric and rank-1 scores put the beater on top for at most 2 of 3") {
@@ -271,8 +271,11 @@ TEST_CASE("each shipped experiment file plans the runs of its committed results,
     for (const auto& run : results.at("runs")) committed.insert(key(run.at("config"), run.at("seed")));
     for (const sweep::Run& r : plan.runs) {
       nlohmann::json config = nlohmann::json::parse(config_text(r.train)), recorded;
-      // Only what the committed runs record (a key added since is at its old default).
-      const nlohmann::json& any = results.at("runs").at(0).at("config");
+      // Only what the committed runs of its task record (a key added since is at its old default).
+      const auto& runs = results.at("runs");
+      const auto same_task = std::find_if(runs.begin(), runs.end(), [&](const nlohmann::json& c) { return c.at("task") == r.task; });
+      REQUIRE(same_task != runs.end());
+      const nlohmann::json& any = same_task->at("config");
       for (const auto& [k, v] : any.items()) recorded[k] = config.at(k);
       for (const auto& [k, v] : any.at("model").items()) recorded["model"][k] = config.at("model").at(k);
       if (!committed.count(key(recorded, r.seed))) UNSCOPED_INFO("not committed: " << key(recorded, r.seed));
