@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "qkv/analysis/heads.hpp"
 #include "qkv/tasks/task.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/nn/circuits.hpp"
@@ -40,6 +41,8 @@ struct HeadInspection {
   // Pointer tasks: the mean weight a scored query puts on its target (brackets: a closer on its
   // opener); none when the input is not one the task would generate.
   std::optional<double> target_attention;
+  // The head detectors' scores (heads.hpp) on the task's held-out sequences.
+  HeadDetection detection;
 };
 
 // How much an earlier head's output (its OV circuit) feeds a later head's queries, keys or values:
@@ -80,6 +83,10 @@ struct Inspection {
   std::vector<std::vector<HeadInspection>> layers;
   // Every head of each layer into every head of each later layer, writer by writer.
   std::vector<HeadComposition> composition;
+  // How many sequences the head detectors read: held-out ones of the task, or (a task that draws
+  // none) the input; 0 when none has 2 tokens.
+  std::size_t detection_sequences = 0;
+  bool detection_held_out = true;
   TrainingHistory history;  // empty unless the caller reads it (read_history)
 };
 
@@ -99,6 +106,10 @@ std::vector<std::vector<std::optional<double>>> score_asymmetries(const nn::Tran
 
 // Every head of each layer into every head of each later layer, writer by writer.
 std::vector<HeadComposition> compositions(const nn::Transformer& model);
+
+// How many of the task's held-out sequences (tasks::held_out_sequences, seed 0) inspect's head
+// detectors read (those of 2 tokens or more).
+inline constexpr std::size_t inspect_detection_sequences = 64;
 
 // Everything `qkv inspect` shows, for `input` (token ids; at most the model's max_len).
 Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input,

@@ -31,6 +31,7 @@
 #include "qkv/core/runtime.hpp"
 #include "qkv/core/tensor.hpp"
 #include "qkv/core/random.hpp"
+#include "qkv/analysis/heads.hpp"
 #include "qkv/nn/detail/transformer_json.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/generate.hpp"
@@ -930,6 +931,24 @@ PYBIND11_MODULE(_qkv, m) {
       },
       py::arg("model"), py::arg("writer_layer"), py::arg("writer_head"), py::arg("reader_layer"), py::arg("reader_head"),
       py::arg("kind"), "How much the reader head's q, k or v input reads what the writer head writes (Elhage et al.)");
+  m.def(
+      "detect_heads",
+      [](const nn::Transformer& model, const std::vector<std::vector<std::int64_t>>& sequences) {
+        const std::vector<analysis::HeadDetection> found = analysis::detect_heads(model, sequences);
+        const std::size_t L = model.config().layers, H = model.config().heads;
+        py::dict out;
+        for (const analysis::HeadKind kind : analysis::head_kinds()) {
+          py::array_t<double> scores({py::ssize_t(L), py::ssize_t(H)});
+          auto view = scores.mutable_unchecked<2>();
+          for (const analysis::HeadDetection& d : found) view(py::ssize_t(d.layer), py::ssize_t(d.head)) = d.score(kind);
+          out[py::str(analysis::head_kind_name(kind))] = std::move(scores);
+        }
+        return out;
+      },
+      py::arg("model"), py::arg("sequences"),
+      "TransformerLens's head detectors: for each of previous_token, duplicate_token and induction, a (layers, heads) "
+      "array of the share of each head's attention on that kind's pattern, the mean over the sequences (lists of "
+      "token ids, each run alone)");
   m.def("antisymmetry", [](const py::array& a) { return nn::antisymmetry(to_tensor(a, "antisymmetry").to(DType::float64).value<double>()); },
         py::arg("matrix"), "‖A − Aᵀ‖ / ‖A‖ of a square matrix, in [0, 2]: 2·√(1 − σ)");
   m.def(

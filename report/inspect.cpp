@@ -192,6 +192,15 @@ std::string composition_legend(const nn::TransformerConfig& c) {
       1 / std::sqrt(double(c.d_model)));
 }
 
+// What the head detectors' table shows; "" when they read no sequence.
+std::string detection_legend(const Inspection& in) {
+  if (in.detection_sequences == 0) return "";
+  return fmt::format("Head detectors (TransformerLens's), on {}: the share of each head's attention on the previous token, "
+                     "on earlier copies of the query's token (duplicate), and on the token after an earlier copy "
+                     "(induction).",
+                     in.detection_held_out ? fmt::format("{} held-out sequences", in.detection_sequences) : "the input");
+}
+
 std::string number_text(const std::optional<double>& v) { return v ? fmt::format("{:.3f}", *v) : "-"; }
 
 }  // namespace
@@ -223,6 +232,10 @@ nlohmann::json to_json(const Inspection& in) {
                             {"eigenvalues", eigen_json(h.ov_spectrum.eigenvalues)}}},
                     {"token_qk", {{"tokens", in.vocabulary}, {"scores", matrix_json(h.token_qk)}}},
                     {"position_qk", {{"positions", h.position_qk.shape()[0]}, {"scores", matrix_json(h.position_qk)}}}});
+      if (in.detection_sequences)
+        hs.back()["detectors"] = {{"previous_token", h.detection.previous_token},
+                                  {"duplicate_token", h.detection.duplicate_token},
+                                  {"induction", h.detection.induction}};
       att.push_back(matrix_json(h.attention));
       sc.push_back(matrix_json(h.scores));
       as.push_back(h.score_asymmetry ? nlohmann::json(*h.score_asymmetry) : nlohmann::json(nullptr));
@@ -253,7 +266,9 @@ nlohmann::json to_json(const Inspection& in) {
                       {"proj", nn::name_of(c.proj)}}},
           {"layers", layers},
           {"input", input},
-          {"composition", composition}};
+          {"composition", composition},
+          {"detection_sequences", in.detection_sequences},
+          {"detection_held_out", in.detection_held_out}};
 }
 
 void print_report(std::ostream& out, const Inspection& in, bool color) {
@@ -290,6 +305,13 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
       out << fmt::format("{:<5} {:<5}  {:.3f}  {:.3f}  {:.3f}{}\n", rows[r].from, rows[r].to, rows[r].scores[0],
                          rows[r].scores[1], rows[r].scores[2],
                          r == best_row ? fmt::format("  ← the largest: {}", composition_kinds[best_kind]) : "");
+  }
+  if (in.detection_sequences) {
+    out << "\n" << detection_legend(in) << "\nhead   previous  duplicate  induction\n";
+    for (const auto& heads : in.layers)
+      for (const HeadInspection& h : heads)
+        out << fmt::format("{:<5}  {:>8.3f}  {:>9.3f}  {:>9.3f}\n", short_name(h.layer, h.head), h.detection.previous_token,
+                           h.detection.duplicate_token, h.detection.induction);
   }
 
   for (const auto& heads : in.layers)
@@ -525,6 +547,15 @@ which the mask hides.</p></div>
                                              : fmt::format("<td>{:.3f}</td>", rows[r].scores[k]);
       s += "</tr>\n";
     }
+    s += "</table>\n";
+  }
+  if (in.detection_sequences) {
+    s += fmt::format("<h2>Head detectors</h2>\n<p class=\"legend\">{}</p>\n", escape_xml(detection_legend(in)));
+    s += "<table><tr><th>head</th><th>previous</th><th>duplicate</th><th>induction</th></tr>\n";
+    for (const auto& heads : in.layers)
+      for (const HeadInspection& h : heads)
+        s += fmt::format("<tr><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td></tr>\n", short_name(h.layer, h.head),
+                         h.detection.previous_token, h.detection.duplicate_token, h.detection.induction);
     s += "</table>\n";
   }
   s += training_html(in.history);

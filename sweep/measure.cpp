@@ -44,16 +44,6 @@ Json readout_score_asymmetry(const nn::EncoderDecoder&, const Sequences&) { retu
 
 }  // namespace
 
-Sequences held_out_sequences(const Task& task, std::size_t n, std::uint64_t seed) {
-  Generator gen(seed ^ 0x5eedf00dULL);
-  Sequences out;
-  for (std::size_t i = 0; i < n; ++i) {
-    const tasks::Batch b = task.sample(1, gen);
-    out.push_back(task.encode(task.decode(std::vector<std::int64_t>(b.tokens.begin(), b.tokens.end()))));
-  }
-  return out;
-}
-
 std::vector<std::size_t> curve_steps(std::size_t steps) {
   std::vector<std::size_t> out = {0};
   for (std::size_t decade = 10; decade < steps; decade *= 10)

@@ -15,6 +15,7 @@
 
 #include "qkv/nn/seq2seq.hpp"
 #include "qkv/nn/transformer.hpp"
+#include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/task.hpp"
 #include "qkv/tasks/train_options.hpp"
 
@@ -26,7 +27,7 @@ using tasks::TrainOptions;
 // Unpadded held-out sequences of a run's task, on which its σ, asymmetry and extras are measured.
 using Sequences = std::vector<std::vector<std::int64_t>>;
 // `n` of them, the same for a task and seed whatever else the run is.
-Sequences held_out_sequences(const Task& task, std::size_t n, std::uint64_t seed);
+using tasks::held_out_sequences;
 
 // The steps at which a run's curve is measured: 0 (the init), 10, 20, 30, 50, 100, … (1, 2, 3, 5
 // per decade) below `steps`, and `steps`.

@@ -151,6 +151,29 @@ Json composition(const nn::Transformer& m) {
   return out;
 }
 
+// Each head's detector scores (analysis/heads.hpp) on the 64 held-out sequences inspect reads:
+// {"L0H0": {previous_token, duplicate_token, induction}, …}, and for each kind the best score over
+// the heads and the layer and head that has it (the first, on a tie): KIND_best, KIND_layer,
+// KIND_head.
+void head_detectors(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
+  std::vector<std::vector<std::int64_t>> sequences = tasks::held_out_sequences(task, analysis::inspect_detection_sequences, 0);
+  std::erase_if(sequences, [&](const std::vector<std::int64_t>& s) { return s.size() < 2; });
+  const std::vector<analysis::HeadDetection> found = analysis::detect_heads(m, sequences);
+  Json out = Json::object();
+  for (const analysis::HeadDetection& d : found)
+    for (const analysis::HeadKind kind : analysis::head_kinds()) out[head_name(d.layer, d.head)][analysis::head_kind_name(kind)] = d.score(kind);
+  for (const analysis::HeadKind kind : analysis::head_kinds()) {
+    const auto best = std::max_element(found.begin(), found.end(), [&](const auto& a, const auto& b) {
+      return a.score(kind) < b.score(kind);
+    });
+    const std::string name = analysis::head_kind_name(kind);
+    out[name + "_best"] = best->score(kind);
+    out[name + "_layer"] = best->layer;
+    out[name + "_head"] = best->head;
+  }
+  run["heads"] = std::move(out);
+}
+
 // Each head ablated in turn (`qkv ablate`'s defaults: 1,024 held-out sequences from seed 1, padding
 // keys masked, patched with the task's corruption where it has one): the clean and corrupted
 // accuracy; for each head whose output the model reads (not a pointer model's readout layer), its
@@ -275,6 +298,13 @@ const std::vector<Measurement>& measurement_registry() {
        .check = [](const tasks::TrainOptions& o) -> std::string {
          return o.model.layers < 2 ? "composition needs two layers or more" : "";
        }},
+      {.name = "heads",
+       .help = "at the end: each head's previous-token, duplicate-token and induction scores (TransformerLens's head "
+               "detectors) on 64 held-out sequences, as qkv inspect shows them, and for each kind the best score and the layer and "
+               "head that has it",
+       .columns = {{"heads.previous_token_best", "best previous-token score", "{:.3f}"},
+                   {"heads.induction_best", "best induction score", "{:.3f}"}},
+       .extras = {.at_init = {}, .at_end = head_detectors}},
       {.name = "ablation",
        .help = "at the end: each head zero- and mean-ablated and, where the task has a corrupted input, patched both "
                "ways, as qkv ablate does on 1,024 held-out sequences (seed 1)",

@@ -10,6 +10,8 @@
 //   token_table     at the end: the readout head's token table, by the tokens' names
 //   composition     at init and at the end: each earlier head's Q-, K- and V-composition into each
 //                   later head
+//   heads           at the end: each head's previous-token, duplicate-token and induction scores
+//                   (TransformerLens's head detectors), as `qkv inspect` shows them
 //   ablation        at the end: each head ablated and patched, as `qkv ablate` does
 //   alignment       at the end of a seq2seq run: its cross-attention against the task's true
 //                   alignment, and the exact match of greedy decoding

@@ -25,6 +25,16 @@ MaskArray key_padding(const nn::Transformer& model, const Task& task, const Inde
   return xt::not_equal(tokens, *pad);
 }
 
+std::vector<std::vector<std::int64_t>> held_out_sequences(const Task& task, std::size_t n, std::uint64_t seed) {
+  Generator gen(seed ^ 0x5eedf00dULL);
+  std::vector<std::vector<std::int64_t>> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Batch b = task.sample(1, gen);
+    out.push_back(task.encode(task.decode(std::vector<std::int64_t>(b.tokens.begin(), b.tokens.end()))));
+  }
+  return out;
+}
+
 MaskArray source_padding(const Task& task, const IndexArray& source) {
   return xt::not_equal(source, as_seq2seq(task)->sides().source_pad);
 }

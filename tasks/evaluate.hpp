@@ -17,6 +17,10 @@ MaskArray key_padding(const nn::Transformer& model, const Task& task, const Inde
 
 // The generator of the held-out sequences of `seed`: a stream no training batch draws from.
 Generator held_out_generator(std::uint64_t seed);
+// `n` unpadded held-out sequences of the task, drawn one at a time from a stream of `seed`, the same
+// for a task and seed whatever else asks: what a sweep's measurements and inspect's head detectors
+// read.
+std::vector<std::vector<std::int64_t>> held_out_sequences(const Task& task, std::size_t n, std::uint64_t seed);
 
 // The source padding of a seq2seq batch, (B, S) false at the task's source_pad: no query attends it.
 MaskArray source_padding(const Task& task, const IndexArray& source);

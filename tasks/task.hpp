@@ -54,6 +54,8 @@ struct TaskInfo {
   // A seq2seq task's source side; then vocab_size (= n_classes) is the output's vocabulary and
   // max_len the decoder's positions (the longest output and the end token).
   std::optional<Seq2SeqInfo> seq2seq{};
+  // Whether sample() draws sequences: not for a run's own task known only by its vocabulary.
+  bool draws = true;
 };
 
 struct Metrics {

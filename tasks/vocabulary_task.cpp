@@ -17,7 +17,8 @@ VocabularyTask::VocabularyTask(std::string name, const nn::TransformerConfig& mo
            .n_classes = model.readout == nn::Readout::token ? model.n_classes : 0,
            .max_len = model.max_len,
            .readout = model.readout,
-           .causal = model.causal};
+           .causal = model.causal,
+           .draws = false};
 }
 
 Batch VocabularyTask::sample(std::size_t, Generator&) const {

@@ -198,6 +198,19 @@ TEST_CASE("ablate and inspect on the default induction model: a previous-token h
   for (std::size_t t = n; t < 2 * n; ++t) induction += in.layers[1][0].attention(t, t - n + 1) / double(n);
   CHECK(previous > 0.6);
   CHECK(induction > 0.8);
+  // The head detectors name the same roles, on the task's held-out sequences: L0H0 a previous-token
+  // head, L1H0 an induction head. A score is the mean over all queries, so on a block repeated
+  // twice an induction head's is at most 1/2 (the first copy's queries have no earlier copy to
+  // read). On this one input, L0H0's previous-token score is the mean of the weights above over all
+  // 2n queries (the first has no previous token).
+  REQUIRE(in.detection_sequences > 0);
+  CHECK(in.layers[0][0].detection.previous_token > 0.5);
+  CHECK(in.layers[0][0].detection.previous_token > 4 * in.layers[0][0].detection.induction);
+  CHECK(in.layers[1][0].detection.induction > 0.4);
+  CHECK(in.layers[1][0].detection.induction > 4 * in.layers[1][0].detection.previous_token);
+  double all_previous = 0;
+  for (std::size_t t = 1; t < 2 * n; ++t) all_previous += in.layers[0][0].attention(t, t - 1) / double(2 * n);
+  CHECK(detect_heads(*model, {input})[0].previous_token == Approx(all_previous).epsilon(1e-6));
 
   // Ablation names both heads; patching either from the corrupted input carries most of its loss.
   const Ablation a = ablate(*model, *task, task_spec("induction").corruption, 8, 32, 1);

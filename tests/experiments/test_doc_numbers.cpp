@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <stdexcept>
 #include <string>
@@ -32,23 +33,102 @@ using Json = nlohmann::ordered_json;
 
 namespace {
 
-const Json& results_of(const std::string& experiment) {
-  static std::map<std::string, Json> loaded;
-  auto it = loaded.find(experiment);
+// docs/experiments/EXPERIMENT/FILE, read once: results.json, the committed results the docs read,
+// or held-out.json, the same experiment rerun on seeds none of those numbers was made from; null
+// when the experiment has no such file.
+const Json* results_file(const std::string& experiment, const std::string& file) {
+  static std::map<std::string, std::optional<Json>> loaded;
+  const std::string key = experiment + "/" + file;
+  auto it = loaded.find(key);
   if (it == loaded.end()) {
-    std::ifstream in(std::filesystem::path(QKV_SOURCE_DIR) / "docs" / "experiments" / experiment / "results.json");
-    if (!in) throw std::invalid_argument(fmt::format("no committed results of the experiment '{}'", experiment));
-    it = loaded.emplace(experiment, Json::parse(in)).first;
+    std::ifstream in(std::filesystem::path(QKV_SOURCE_DIR) / "docs" / "experiments" / experiment / file);
+    it = loaded.emplace(key, in ? std::optional<Json>(Json::parse(in)) : std::nullopt).first;
   }
-  return it->second;
+  return it->second ? &*it->second : nullptr;
 }
 
-// The text a marker's query makes: its experiment's runs, queried.
-std::string doc_number(const std::string& marker) {
+const Json& results_of(const std::string& experiment) {
+  const Json* results = results_file(experiment, "results.json");
+  if (!results) throw std::invalid_argument(fmt::format("no committed results of the experiment '{}'", experiment));
+  return *results;
+}
+
+// A marker's experiment and query: "symmetry | task=rps | count reached" → ("symmetry", "task=rps | count reached").
+std::pair<std::string, std::string> parts_of(const std::string& marker) {
   const auto bar = marker.find('|');
   if (bar == std::string::npos) throw std::invalid_argument(fmt::format("'{}': not EXPERIMENT | RUNS | STATISTIC", marker));
-  const std::string experiment = marker.substr(0, marker.find_last_not_of(' ', bar - 1) + 1);
-  return experiments::query_runs(results_of(experiment).at("runs"), marker.substr(bar + 1));
+  return {marker.substr(0, marker.find_last_not_of(' ', bar - 1) + 1), marker.substr(bar + 1)};
+}
+
+// README.md and every page of docs/.
+std::vector<std::filesystem::path> pages() {
+  const std::filesystem::path root(QKV_SOURCE_DIR);
+  std::vector<std::filesystem::path> out = {root / "README.md"};
+  for (const auto& entry : std::filesystem::directory_iterator(root / "docs"))
+    if (entry.path().extension() == ".md") out.push_back(entry.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string text_of(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path.string());
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+const std::regex& marker_form() {
+  static const std::regex marker(R"(<!--= (.*?) -->(.*?)<!--/-->)");
+  return marker;
+}
+
+// Every interval a page states (a wilson, rate or bootstrap query) whose experiment has a rerun on
+// held-out seeds, against that rerun: inside when the rerun's rate or mean falls in the stated
+// interval, consistent when the rerun's own 95% interval overlaps it.
+struct HeldOutCheck {
+  std::string where;  // the page and the marker
+  experiments::QueryInterval stated, fresh;
+  bool inside = false, consistent = false;
+};
+std::vector<HeldOutCheck> held_out_checks() {
+  std::vector<HeldOutCheck> out;
+  for (const std::filesystem::path& page_path : pages()) {
+    const std::string page = text_of(page_path);
+    for (auto it = std::sregex_iterator(page.begin(), page.end(), marker_form()); it != std::sregex_iterator(); ++it) {
+      const auto [experiment, query] = parts_of((*it)[1]);
+      if (experiment == "held-out") continue;
+      const Json* fresh_runs = results_file(experiment, "held-out.json");
+      if (!fresh_runs) continue;
+      const auto stated = experiments::query_interval(results_of(experiment).at("runs"), query);
+      if (!stated) continue;
+      HeldOutCheck c{.where = page_path.filename().string() + ": " + (*it)[0].str(), .stated = *stated, .fresh = {}};
+      try {
+        c.fresh = *experiments::query_interval(fresh_runs->at("runs"), query);
+      } catch (const std::invalid_argument&) {
+        continue;  // the rerun has no run the query chooses (a `where` that none of its seeds meets)
+      }
+      c.inside = c.stated.lo <= c.fresh.estimate && c.fresh.estimate <= c.stated.hi;
+      c.consistent = c.fresh.lo <= c.stated.hi && c.stated.lo <= c.fresh.hi;
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+// The text a marker's query makes: its experiment's runs, queried; `held-out | inside` and
+// `held-out | overlapping`, how many of the stated intervals a rerun on held-out seeds lands inside,
+// and how many its own intervals overlap.
+std::string doc_number(const std::string& marker) {
+  const auto [experiment, query] = parts_of(marker);
+  if (experiment == "held-out") {
+    const std::string what = query.substr(std::min(query.size(), query.find_first_not_of(' ')));
+    if (what != "inside" && what != "overlapping")
+      throw std::invalid_argument(fmt::format("'{}': held-out has 'inside' or 'overlapping'", marker));
+    const std::vector<HeldOutCheck> checks = held_out_checks();
+    const auto k = std::count_if(checks.begin(), checks.end(),
+                                 [&](const HeldOutCheck& c) { return what == "inside" ? c.inside : c.consistent; });
+    return fmt::format("{} of {}", k, checks.size());
+  }
+  return experiments::query_runs(results_of(experiment).at("runs"), query);
 }
 
 }  // namespace
@@ -152,28 +232,8 @@ TEST_CASE("doc numbers: each statistic of a query, on runs made by hand") {
                     Contains("a run has no curve"));
 }
 
-namespace {
-
-// README.md and every page of docs/.
-std::vector<std::filesystem::path> pages() {
-  const std::filesystem::path root(QKV_SOURCE_DIR);
-  std::vector<std::filesystem::path> out = {root / "README.md"};
-  for (const auto& entry : std::filesystem::directory_iterator(root / "docs"))
-    if (entry.path().extension() == ".md") out.push_back(entry.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string text_of(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  REQUIRE(in);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-}  // namespace
-
 TEST_CASE("doc numbers: every number the README and docs read from the committed results is what its query makes") {
-  static const std::regex marker(R"(<!--= (.*?) -->(.*?)<!--/-->)");
+  const std::regex& marker = marker_form();
   std::map<std::string, std::size_t> counts;
   for (const std::filesystem::path& page_path : pages()) {
     const std::string page = text_of(page_path);
@@ -202,4 +262,26 @@ TEST_CASE("doc numbers: every number the README and docs read from the committed
     }
   }
   CHECK(counts["experiments.md"] >= 100);
+}
+
+TEST_CASE("doc numbers: each interval the docs state holds on a rerun on held-out seeds") {
+  // docs/experiments/NAME/held-out.json: each experiment rerun on seeds no number of the docs was
+  // made from. Every stated interval must agree with the rerun's own (the two 95% intervals
+  // overlap); how many rerun rates and means fall inside the stated intervals is printed on the page
+  // (`held-out | inside`) and listed here.
+  const std::vector<HeldOutCheck> checks = held_out_checks();
+  REQUIRE(checks.size() >= 20);
+  std::size_t inside = 0;
+  std::string outside;  // the ones whose held-out estimate falls outside the stated interval
+  for (const HeldOutCheck& c : checks) {
+    const std::string line = fmt::format("{}: stated {:.3f} ({:.3f}–{:.3f}, n = {}), held out {:.3f} ({:.3f}–{:.3f}, n = {})",
+                                         c.where, c.stated.estimate, c.stated.lo, c.stated.hi, c.stated.n,
+                                         c.fresh.estimate, c.fresh.lo, c.fresh.hi, c.fresh.n);
+    INFO(line);
+    CHECK(c.consistent);
+    inside += c.inside;
+    if (!c.inside) outside += line + "\n";
+  }
+  INFO("outside:\n" << outside);
+  CHECK(inside > checks.size() / 2);
 }

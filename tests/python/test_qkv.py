@@ -225,6 +225,35 @@ def test_composition_scores_are_the_frameworks_formula():
         qkv.composition_score(model, 1, 0, 1, 1, "q")
 
 
+def test_head_detectors_are_transformer_lens_patterns_on_the_cached_attention():
+    model = qkv.Transformer({"vocab_size": 10, "n_classes": 10, "d_model": 16, "heads": 2, "layers": 2,
+                             "max_len": 12, "readout": "token"}, seed=4)
+    sequences = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 2, 7, 2]]
+
+    def patterns(tokens):  # TransformerLens's detection patterns, written as head_detector writes them
+        t = np.array(tokens)
+        previous = np.tril(np.eye(len(t), k=-1))
+        duplicate = np.equal(t[None, :], t[:, None]).astype(float)
+        np.fill_diagonal(duplicate, 0)
+        duplicate = np.tril(duplicate)
+        induction = np.roll(duplicate, 1, axis=1)
+        induction[:, 0] = 0
+        return {"previous_token": previous, "duplicate_token": duplicate, "induction": np.tril(induction)}
+
+    found = qkv.detect_heads(model, sequences)
+    for kind in ("previous_token", "duplicate_token", "induction"):
+        assert found[kind].shape == (2, 2)
+        expected = np.zeros((2, 2))
+        for tokens in sequences:
+            cache = model.run_with_cache(np.array([tokens]))[1]
+            for layer in range(2):
+                weights = cache[f"blocks.{layer}.attn.hook_pattern"][0].astype(np.float64)  # (heads, T, T)
+                expected[layer] += (weights * patterns(tokens)[kind]).sum(axis=(1, 2)) / weights.sum(axis=(1, 2)) / 2
+        assert np.allclose(found[kind], expected, atol=1e-6), kind
+    with pytest.raises(ValueError, match="sequence 0 holds 1 tokens"):
+        qkv.detect_heads(model, [[3]])
+
+
 def test_a_built_in_task_samples_what_it_asks():
     line = qkv.task("line")
     assert (line.name, line.readout, line.vocab_size, line.max_len) == ("line", "pointer", 8, 8)

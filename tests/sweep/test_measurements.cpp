@@ -195,6 +195,31 @@ TEST_CASE("composition: each earlier head into each later head, at init and at t
   CHECK(measurement("composition").check(o) == "composition needs two layers or more");
 }
 
+TEST_CASE("heads: each head's detector scores as inspect computes them, and each kind's best head") {
+  tasks::TrainOptions o = tasks::default_options("induction");
+  o.model.heads = 2;
+  const auto task = tasks::make_task("induction");
+  Generator gen(7);
+  nn::Transformer m(o.model, gen);
+  nlohmann::ordered_json run;
+  measurement("heads").extras.at_end(run, m, *task, Sequences{});
+  const analysis::Inspection in = analysis::inspect(m, *task, analysis::typical_input(*task));
+  for (const analysis::HeadKind kind : analysis::head_kinds()) {
+    const std::string name = analysis::head_kind_name(kind);
+    double best = -1;
+    std::size_t layer = 0, head = 0;
+    for (const auto& heads : in.layers)
+      for (const analysis::HeadInspection& h : heads) {
+        INFO(name << " L" << h.layer << "H" << h.head);
+        CHECK(run["heads"][fmt::format("L{}H{}", h.layer, h.head)][name].get<double>() == h.detection.score(kind));
+        if (h.detection.score(kind) > best) best = h.detection.score(kind), layer = h.layer, head = h.head;
+      }
+    CHECK(run["heads"][name + "_best"].get<double>() == best);
+    CHECK(run["heads"][name + "_layer"] == layer);
+    CHECK(run["heads"][name + "_head"] == head);
+  }
+}
+
 TEST_CASE("ablation: qkv ablate's numbers for each head, and how many heads the task needs") {
   // An induction model trained 600 steps (past the step its circuit forms), whose heads the task
   // needs; the numbers are analysis::ablate's, checked by hand in tests/analysis.

@@ -65,6 +65,13 @@ TEST_CASE("a library program's run is inspected on the tokens given, with every 
   CHECK(in.target_name.empty());  // no targets: the task is not known
   CHECK(in.composition.size() == 4);  // 2 heads of layer 0 into 2 of layer 1
   CHECK(in.layers[0][0].attention.shape() == std::vector<std::size_t>{4, 4});
+  // The task draws no sequences: the head detectors read the input, 1 4 0 2 (a bidirectional
+  // model: each query's weight on the key before it, over all four queries).
+  CHECK_FALSE(in.detection_held_out);
+  CHECK(in.detection_sequences == 1);
+  const Array<double>& w = in.layers[1][1].attention;
+  CHECK(in.layers[1][1].detection.previous_token == Approx((w(1, 0) + w(2, 1) + w(3, 2)) / 4).epsilon(1e-6));
+  CHECK(in.layers[1][1].detection.duplicate_token == 0);  // no token twice
 }
 
 TEST_CASE("a library program's run names its tokens as config.json saved them, and bad names are refused") {
