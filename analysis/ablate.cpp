@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <xtensor/xview.hpp>
 
+#include "qkv/analysis/detail/tally.hpp"
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
@@ -18,18 +19,8 @@ std::string z_point(std::size_t layer) { return fmt::format("blocks.{}.attn.hook
 bool is_z_point(const std::string& name) { return name.ends_with(".attn.hook_z"); }
 
 // Accuracy and loss summed over batches.
-struct Tally {
-  MetricsSum metrics;
-  double loss_sum = 0;
-  std::size_t scored = 0;
-
-  void add(const nn::Transformer& model, const nn::TransformerOutput& out, const Batch& batch) {
-    const Metrics m = score(nn::Transformer::predictions(out.logits), batch);
-    if (m.scored > 0) loss_sum += model.loss(out, batch.targets).item() * double(m.scored);
-    scored += m.scored;
-    metrics.add(m);
-  }
-  AblationScore result() const { return {metrics.result().accuracy, scored ? loss_sum / double(scored) : 0}; }
+struct Tally : detail::Tally {
+  AblationScore result() const { return {accuracy(), loss()}; }
 };
 
 // Which of hook_z's heads (B, T, H, d_v) a hook keeps, and which it replaces: (1, 1, H, 1) masks.

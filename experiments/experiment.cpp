@@ -18,6 +18,7 @@
 #include "qkv/sweep/sweep.hpp"
 #include "qkv/tasks/find_spec.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/training/options.hpp"
 #include "qkv/training/trainer.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/safetensors.hpp"

@@ -241,6 +241,19 @@ analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64
   return a;
 }
 
+analysis::Patching patch_run(const std::string& dir, analysis::PatchOptions options) {
+  const RunInfo run = open_run(dir);
+  const TrainOptions& o = options_of(run, "patching");
+  const DecoderRun r = decoder_run(run, "patching");
+  const std::optional<tasks::Corruption>& corruption = task_spec(o.task).corruption;
+  if (!corruption)
+    throw std::runtime_error(fmt::format("{}: the task {} has no corrupted input to patch from (induction has one)", dir, o.task));
+  options.mask_padding = o.mask_padding;
+  analysis::Patching p = analysis::patch(*r.model, *run.task, *corruption, options);
+  p.dir = dir;
+  return p;
+}
+
 analysis::Ablation ablate_run(const std::string& dir, const std::string& data) {
   const RunInfo run = open_run(dir);
   const DecoderRun r = decoder_run(run, "ablation");

@@ -9,6 +9,7 @@
 #include "qkv/analysis/ablate.hpp"
 #include "qkv/report/ablate.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/analysis/patching.hpp"
 #include "qkv/report/inspect.hpp"
 #include "qkv/tasks/builtin.hpp"
 #include "tests/training/short_run.hpp"
@@ -231,6 +232,22 @@ TEST_CASE("ablate and inspect on the default induction model: a previous-token h
   // first copy's tokens after it).
   CHECK(*a.heads[1].denoising_share > 0.9);
   CHECK(*a.heads[0].denoising_share < 0.2);
+  // Patching each head's z, all positions at once, is ablate's patching on the same sequences
+  // (ablate's one batch of 64 from seed 1 is patch's): the same losses both ways.
+  const Ablation one_batch = ablate(*model, *task, task_spec("induction").corruption, 1, 64, 1);
+  for (const bool noising : {false, true}) {
+    const Patching p = patch(*model, *task, *task_spec("induction").corruption,
+                             {.component = PatchComponent::z, .by_position = false, .noising = noising, .sequences = 64});
+    CHECK(p.clean.loss == Approx(one_batch.clean.loss).epsilon(1e-12));
+    CHECK(p.corrupted.loss == Approx(one_batch.corrupted->loss).epsilon(1e-12));
+    for (const HeadAblation& h : one_batch.heads) {
+      INFO("L" << h.layer << "H" << h.head << (noising ? " noised" : " denoised"));
+      const AblationScore& expected = noising ? *h.noised : *h.denoised;
+      CHECK(p.patched[h.layer][h.head][0].loss == Approx(expected.loss).epsilon(1e-6));
+      CHECK(p.patched[h.layer][h.head][0].accuracy == expected.accuracy);
+      CHECK(p.loss_share(h.layer, h.head, 0) == Approx(noising ? *h.noising_share : *h.denoising_share).epsilon(1e-5));
+    }
+  }
   const nlohmann::json j = to_json(a);
   CHECK(j.at("needed") == nlohmann::json({"L0H0", "L1H0"}));
   std::ostringstream table;

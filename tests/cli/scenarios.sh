@@ -492,6 +492,30 @@ SENTENCES
     TERM=dumb script -qec "$qkv train brackets --out other --steps 20" /dev/null >train.txt
     ! has_escape train.txt || fail "escapes in train's progress with TERM=dumb"
     ;;
+  patch)  # activation patching from the program: the library's numbers; bad components and tasks refused
+    "$qkv" train induction --out run --steps 300 >/dev/null 2>&1 || fail "the induction run did not train"
+    json="$("$qkv" patch run --component z --n 32 --json)" || fail "patch --json"
+    python3 - "$json" <<'PY' || fail "patch --json: $json"
+import json, sys
+p = json.loads(sys.argv[1])
+assert (p["component"], p["direction"], p["sequences"], p["by_position"]) == ("z", "denoising", 32, False)
+assert [len(l["heads"]) for l in p["layers"]] == [1, 1]
+for layer in p["layers"]:
+    s = layer["heads"][0]["patched"][0]
+    want = (s["loss"] - p["corrupted"]["loss"]) / (p["clean"]["loss"] - p["corrupted"]["loss"])
+    assert abs(s["loss_share"] - want) < 1e-12, (s, want)
+PY
+    "$qkv" patch run --component k --by-position --n 16 --svg pictures >text.txt 2>/dev/null || fail "patch --svg"
+    [ -s pictures/patch-k.svg ] || fail "no pictures/patch-k.svg"
+    grep -q "the largest shares of loss" text.txt || fail "no largest shares: $(cat text.txt)"
+    run "$qkv" patch run --component resid
+    expect 2 "no component 'resid' (one of resid_pre"
+    run "$qkv" patch run --component mlp_out
+    expect 1 "the component mlp_out needs the MLP, and the model has none"
+    small_run other
+    run "$qkv" patch other --component z
+    expect 1 "other: the task brackets has no corrupted input to patch from"
+    ;;
   *)
     fail "no scenario '$scenario'"
     ;;

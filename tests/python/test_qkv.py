@@ -254,6 +254,16 @@ def test_head_detectors_are_transformer_lens_patterns_on_the_cached_attention():
         qkv.detect_heads(model, [[3]])
 
 
+def test_patch_is_the_programs_patching(tmp_path):
+    out = str(tmp_path / "induction")
+    qkv.train("induction", out=out, steps=200)
+    patched = qkv.patch(out, "v", by_position=True, n=16, seed=2)
+    assert patched == program_json("patch", out, "--component", "v", "--by-position", "--n", "16", "--seed", "2", "--json")
+    assert patched["length"] == len(patched["positions"]) == len(patched["layers"][0]["heads"][0]["patched"])
+    with pytest.raises(ValueError, match="no component 'values'"):
+        qkv.patch(out, "values")
+
+
 def test_a_built_in_task_samples_what_it_asks():
     line = qkv.task("line")
     assert (line.name, line.readout, line.vocab_size, line.max_len) == ("line", "pointer", 8, 8)

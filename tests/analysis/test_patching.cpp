@@ -1,0 +1,170 @@
+#include "tests/helpers.hpp"
+
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <xtensor/xview.hpp>
+
+#include "qkv/analysis/detail/tally.hpp"
+#include "qkv/analysis/patching.hpp"
+#include "qkv/report/patching.hpp"
+#include "qkv/tasks/builtin.hpp"
+#include "qkv/tasks/evaluate.hpp"
+#include "tests/training/short_run.hpp"
+
+using namespace qkv;
+using namespace qkv::analysis;
+using namespace qkv::test;
+using namespace qkv::tasks;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The induction model at init, two heads a layer, in float64, drawn from `seed`.
+std::unique_ptr<nn::Transformer> induction_model(std::uint64_t seed, bool mlp = false) {
+  nn::TransformerConfig c = default_options("induction").model;
+  c.heads = 2;
+  c.mlp = mlp;
+  c.dtype = DType::float64;
+  Generator gen(seed);
+  return std::make_unique<nn::Transformer>(c, gen);
+}
+
+// The batch patch draws (seed 1, `n` sequences) and its corruption, drawn apart.
+std::pair<Batch, IndexArray> drawn(const Task& task, std::size_t n) {
+  Generator gen = held_out_generator(1), corrupt_gen(held_out_generator(1).next_u64());
+  const Batch clean = task.sample(n, gen);
+  return {clean, task_spec("induction").corruption->make(task, clean, corrupt_gen)};
+}
+
+PatchScore scored(const nn::Transformer& model, const nn::TransformerOutput& out, const Batch& batch) {
+  analysis::detail::Tally t;
+  t.add(model, out, batch, true);
+  return {t.accuracy(), t.loss(), t.logit_diff()};
+}
+
+void check_same(const PatchScore& a, const PatchScore& b) {
+  CHECK(a.accuracy == b.accuracy);
+  CHECK(a.loss == Approx(b.loss).epsilon(1e-12));
+  CHECK(a.logit_diff == Approx(b.logit_diff).epsilon(1e-12));
+}
+
+}  // namespace
+
+TEST_CASE("patching: the whole stream patched is the other run, a patch after the last answer changes nothing") {
+  const auto model = induction_model(3);
+  const InductionTask task;
+  const Corruption corruption = *task_spec("induction").corruption;
+  PatchOptions o{.component = PatchComponent::resid_pre, .by_position = false, .noising = false, .sequences = 32};
+  const Patching denoised = patch(*model, task, corruption, o);
+  REQUIRE(denoised.patched.size() == 2);
+  REQUIRE(denoised.patched[0].size() == 1);  // a residual component: one row a layer
+  CHECK(denoised.clean.loss < denoised.corrupted.loss);
+  // Layer 0's resid_pre is all the model reads: patched in whole, the corrupted run is the clean one.
+  check_same(denoised.patched[0][0][0], denoised.clean);
+  CHECK(denoised.loss_share(0, 0, 0) == Approx(1).epsilon(1e-12));
+  o.noising = true;
+  const Patching noised = patch(*model, task, corruption, o);
+  check_same(noised.patched[0][0][0], noised.corrupted);
+  CHECK(noised.direction == "noising");
+  o.component = PatchComponent::resid_post;
+  o.noising = false;
+  check_same(patch(*model, task, corruption, o).patched[1][0][0], denoised.clean);  // the last layer's output
+
+  // By position, in a causal model: the last position feeds only its own output, which is not
+  // scored (no token follows it), so patching it there leaves the corrupted run as it was.
+  o.component = PatchComponent::resid_pre;
+  o.by_position = true;
+  const Patching by_position = patch(*model, task, corruption, o);
+  REQUIRE(by_position.patched[0][0].size() == by_position.length);
+  CHECK(by_position.positions.size() == by_position.length);
+  check_same(by_position.patched[0][0][by_position.length - 1], by_position.corrupted);
+  CHECK(by_position.loss_share(0, 0, by_position.length - 1) == 0);
+  // The second copy is the same in both runs: patching one of its positions changes nothing.
+  check_same(by_position.patched[0][0][by_position.length / 2], by_position.corrupted);
+}
+
+TEST_CASE("patching: a head's z, q, v and pattern at one position, against the same patch made by hand") {
+  const auto model = induction_model(4);
+  const InductionTask task;
+  const Corruption corruption = *task_spec("induction").corruption;
+  const auto [clean, corrupt_tokens] = drawn(task, 16);
+  const nn::ActivationCache clean_cache = model->run_with_cache(clean.tokens);
+  const std::size_t T = clean.tokens.shape()[1], p = T / 2 - 2, h = 1;
+
+  for (const PatchComponent c : {PatchComponent::z, PatchComponent::q, PatchComponent::v}) {
+    INFO(patch_component_name(c));
+    const Patching r = patch(*model, task, corruption,
+                             {.component = c, .by_position = true, .noising = false, .sequences = 16});
+    REQUIRE(r.patched[1].size() == 2);
+    REQUIRE(r.length == T);
+    const std::string point = "blocks.1.attn.hook_" + patch_component_name(c);
+    const Array<double> from = clean_cache[point].value<double>();
+    const nn::ForwardHook by_hand = [&](const Tensor& value, const std::string&) {
+      Array<double> v = value.value<double>();
+      xt::view(v, xt::all(), p, h, xt::all()) = xt::view(from, xt::all(), p, h, xt::all());
+      return Tensor(v);
+    };
+    check_same(r.patched[1][h][p], scored(*model, model->run_with_hooks(corrupt_tokens, {{point, by_hand}}), clean));
+  }
+
+  const Patching pattern = patch(*model, task, corruption,
+                                 {.component = PatchComponent::pattern, .by_position = true, .noising = true, .sequences = 16});
+  REQUIRE(pattern.patched[1][h].size() == T * T);
+  const std::size_t q = T - 3, k = T / 2 - 1;
+  const nn::ActivationCache corrupt_cache = model->run_with_cache(corrupt_tokens);
+  const Array<double> from = corrupt_cache["blocks.1.attn.hook_pattern"].value<double>();
+  const nn::ForwardHook by_hand = [&](const Tensor& value, const std::string&) {
+    Array<double> v = value.value<double>();
+    xt::view(v, xt::all(), h, q, k) = xt::view(from, xt::all(), h, q, k);
+    return Tensor(v);
+  };
+  check_same(pattern.patched[1][h][q * T + k],
+             scored(*model, model->run_with_hooks(clean.tokens, {{"blocks.1.attn.hook_pattern", by_hand}}), clean));
+  // A key after the query is masked in both runs: nothing to patch.
+  check_same(pattern.patched[1][h][k * T + q], pattern.clean);
+}
+
+TEST_CASE("patching: the logit difference, components the model lacks, and the report") {
+  const auto model = induction_model(5);
+  const InductionTask task;
+  const Corruption corruption = *task_spec("induction").corruption;
+  // The logit difference of a run, by hand: the target's logit minus the largest other.
+  const auto [clean, corrupt_tokens] = drawn(task, 8);
+  const nn::TransformerOutput out = model->forward(clean.tokens);
+  const Array<double> logits = out.logits.value<double>();
+  double margin = 0;
+  std::size_t n = 0;
+  for (std::size_t b = 0; b < 8; ++b)
+    for (std::size_t t = 0; t < clean.tokens.shape()[1]; ++t) {
+      const std::int64_t target = clean.targets(b, t);
+      if (target < 0) continue;
+      Array<double> row = xt::view(logits, b, t, xt::all());
+      const double right = row(std::size_t(target));
+      row(std::size_t(target)) = -1e300;
+      margin += right - xt::amax(row)();
+      ++n;
+    }
+  const Patching r = patch(*model, task, corruption, {.component = PatchComponent::z, .sequences = 8});
+  CHECK(r.clean.logit_diff == Approx(margin / double(n)).epsilon(1e-12));
+
+  CHECK_THROWS_WITH(patch(*model, task, corruption, {.component = PatchComponent::mlp_out}),
+                    Contains("the component mlp_out needs the MLP, and the model has none"));
+  CHECK_THROWS_WITH(patch_component("resid"), Contains("no component 'resid' (one of resid_pre, attn_out"));
+  const auto with_mlp = induction_model(5, true);
+  const Patching mid = patch(*with_mlp, task, corruption, {.component = PatchComponent::mlp_out, .sequences = 8});
+  CHECK(mid.patched.size() == 2);
+
+  const nlohmann::json j = report::to_json(r);
+  CHECK(j.at("component") == "z");
+  CHECK(j.at("direction") == "denoising");
+  CHECK(j.at("layers")[1].at("heads")[1].at("patched")[0].at("loss").get<double>() == r.patched[1][1][0].loss);
+  CHECK(j.at("layers")[1].at("heads")[1].at("patched")[0].at("loss_share").get<double>() == r.loss_share(1, 1, 0));
+  std::ostringstream text;
+  report::print_patching(text, r, false);
+  CHECK_THAT(text.str(), Contains(fmt::format("L1H1  {:>9}", fmt::format("{:.1f}%", 100 * r.patched[1][1][0].accuracy))));
+  const auto maps = report::patching_heatmaps(r);
+  REQUIRE(maps.size() == 1);
+  CHECK(maps[0].first == "patch-z");
+  CHECK(maps[0].second.values(1, 1) == r.loss_share(1, 1, 0));
+}
