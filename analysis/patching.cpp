@@ -10,6 +10,7 @@
 #include "qkv/analysis/detail/tally.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include <xtensor/xreducer.hpp>
 #include "qkv/tasks/evaluate.hpp"
 
 namespace qkv::analysis {
@@ -97,66 +98,166 @@ PatchScore score_of(const detail::Tally& t) { return {t.accuracy(), t.loss(), t.
 
 }  // namespace
 
-Patching patch(nn::Transformer& model, const tasks::Task& task, const tasks::Corruption& corruption,
-               const PatchOptions& o) {
+namespace {
+
+// What patch and attribution_patch share: the checks, the clean batch and its corruption (as
+// ablate draws its first batch) with their padding masks, the component's point in each layer,
+// and the result's header.
+struct Setup {
+  tasks::Batch clean, corrupt;  // the corrupted batch is scored on the clean targets
+  MaskArray clean_mask, corrupt_mask;
+  std::vector<std::string> points;
+  Patching result;
+};
+
+Setup prepare(const nn::Transformer& model, const tasks::Task& task, const tasks::Corruption& corruption, const PatchOptions& o) {
   const PatchComponent c = o.component;
-  const std::size_t L = model.blocks.size();
   if ((c == PatchComponent::resid_mid || c == PatchComponent::mlp_out) && !model.blocks[0]->mlp)
     throw std::invalid_argument(fmt::format("patch: the component {} needs the MLP, and the model has none",
                                             patch_component_name(c)));
   if (o.sequences == 0) throw std::invalid_argument("patch: no sequences (sequences must be 1 or more)");
-  NoGradGuard no_grad;
-  const DType dtype = model.tok.weight.dtype();
-
-  // The held-out sequences and their corruption, as ablate draws its first batch.
+  Setup s;
   Generator gen = tasks::held_out_generator(o.seed), corrupt_gen(tasks::held_out_generator(o.seed).next_u64());
-  const tasks::Batch clean_batch = task.sample(o.sequences, gen);
-  tasks::Batch corrupt_batch = clean_batch;  // scored on the clean targets
-  corrupt_batch.tokens = corruption.make(task, clean_batch, corrupt_gen);
-  const MaskArray clean_mask = tasks::key_padding(model, task, clean_batch.tokens, o.mask_padding);
-  const MaskArray corrupt_mask = tasks::key_padding(model, task, corrupt_batch.tokens, o.mask_padding);
-
-  std::vector<std::string> points;
-  for (std::size_t l = 0; l < L; ++l) points.push_back(hook_of(c, l));
-  const nn::ActivationCache clean_cache = model.run_with_cache(clean_batch.tokens, points, clean_mask);
-  const nn::ActivationCache corrupt_cache = model.run_with_cache(corrupt_batch.tokens, points, corrupt_mask);
-  detail::Tally clean, corrupted;
-  clean.add(model, clean_cache.output, clean_batch, true);
-  corrupted.add(model, corrupt_cache.output, clean_batch, true);
-
-  Patching r;
+  s.clean = task.sample(o.sequences, gen);
+  s.corrupt = s.clean;
+  s.corrupt.tokens = corruption.make(task, s.clean, corrupt_gen);
+  s.clean_mask = tasks::key_padding(model, task, s.clean.tokens, o.mask_padding);
+  s.corrupt_mask = tasks::key_padding(model, task, s.corrupt.tokens, o.mask_padding);
+  for (std::size_t l = 0; l < model.blocks.size(); ++l) s.points.push_back(hook_of(c, l));
+  Patching& r = s.result;
   r.task = task.info().name;
   r.corruption = corruption.description;
   r.component = patch_component_name(c);
   r.direction = o.noising ? "noising" : "denoising";
-  r.sequences = clean_batch.tokens.shape()[0];
-  r.length = clean_batch.tokens.shape()[1];
+  r.sequences = s.clean.tokens.shape()[0];
+  r.length = s.clean.tokens.shape()[1];
   r.seed = o.seed;
   r.by_position = o.by_position;
-  r.clean = score_of(clean);
-  r.corrupted = score_of(corrupted);
   if (o.by_position)
-    for (std::size_t t = 0; t < r.length; ++t) r.positions.push_back(task.token_name(clean_batch.tokens(0, t)));
+    for (std::size_t t = 0; t < r.length; ++t) r.positions.push_back(task.token_name(s.clean.tokens(0, t)));
+  return s;
+}
+
+PatchScore scored(const nn::Transformer& model, const nn::TransformerOutput& out, const tasks::Batch& batch) {
+  detail::Tally t;
+  t.add(model, out, batch, true);
+  return score_of(t);
+}
+
+// The heads and positions of a layer's activation of `shape` for the component: (heads, positions).
+std::pair<std::size_t, std::size_t> extent(PatchComponent c, const Shape& shape, bool by_position, std::size_t length) {
+  const std::size_t heads = !per_head(c) ? 1 : c == PatchComponent::pattern ? shape[1] : shape[2];
+  const std::size_t positions = !by_position ? 1 : c == PatchComponent::pattern ? length * length : length;
+  return {heads, positions};
+}
+
+// Parameters that take no gradient while it lives, as they were after.
+class NoParameterGradients {
+ public:
+  explicit NoParameterGradients(const nn::Module& model) : trainable_(model.parameters()) {
+    for (Tensor& p : trainable_) p.requires_grad_(false);
+  }
+  ~NoParameterGradients() {
+    for (Tensor& p : trainable_) p.requires_grad_(true);
+  }
+  NoParameterGradients(const NoParameterGradients&) = delete;
+  NoParameterGradients& operator=(const NoParameterGradients&) = delete;
+
+ private:
+  std::vector<Tensor> trainable_;
+};
+
+}  // namespace
+
+ActivationGradients run_with_gradients(nn::Transformer& model, const IndexArray& tokens, const std::vector<std::string>& points,
+                                       const std::function<Tensor(const nn::TransformerOutput&)>& scalar,
+                                       const MaskArray& key_padding) {
+  if (!is_grad_enabled()) throw std::logic_error("run_with_gradients: gradients are disabled (a NoGradGuard is alive)");
+  const NoParameterGradients frozen(model);
+  // Each point's value goes on as value + 0, the 0 a leaf whose gradient is the value's.
+  std::vector<Tensor> zeros(points.size());
+  ActivationGradients out;
+  nn::NamedHooks hooks;
+  for (std::size_t i = 0; i < points.size(); ++i)
+    hooks.emplace_back(points[i], [&, i](const Tensor& value, const std::string& name) {
+      out.activations.activations.emplace_back(name, value.detach());
+      Array<double> zero = xt::zeros<double>(value.shape());
+      zeros[i] = Tensor(zero).to(value.dtype());
+      zeros[i].requires_grad_(true);
+      return value + zeros[i];
+    });
+  out.output = model.run_with_hooks(tokens, hooks, false, key_padding);
+  scalar(out.output).backward();
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    if (!zeros[i].defined()) throw std::logic_error(fmt::format("run_with_gradients: the forward did not reach {}", points[i]));
+    const Tensor g = zeros[i].grad();
+    out.gradients.activations.emplace_back(points[i], g.defined() ? g.detach() : Tensor(Array<double>(xt::zeros<double>(zeros[i].shape()))).to(zeros[i].dtype()));
+  }
+  return out;
+}
+
+Patching patch(nn::Transformer& model, const tasks::Task& task, const tasks::Corruption& corruption, const PatchOptions& o) {
+  Setup s = prepare(model, task, corruption, o);
+  Patching& r = s.result;
+  NoGradGuard no_grad;
+  const DType dtype = model.tok.weight.dtype();
+  const nn::ActivationCache clean_cache = model.run_with_cache(s.clean.tokens, s.points, s.clean_mask);
+  const nn::ActivationCache corrupt_cache = model.run_with_cache(s.corrupt.tokens, s.points, s.corrupt_mask);
+  r.clean = scored(model, clean_cache.output, s.clean);
+  r.corrupted = scored(model, corrupt_cache.output, s.clean);
 
   // Noising runs the clean tokens with the corrupted activations; denoising the other way round.
-  const tasks::Batch& run_batch = o.noising ? clean_batch : corrupt_batch;
-  const MaskArray& run_mask = o.noising ? clean_mask : corrupt_mask;
+  const tasks::Batch& run_batch = o.noising ? s.clean : s.corrupt;
+  const MaskArray& run_mask = o.noising ? s.clean_mask : s.corrupt_mask;
   const nn::ActivationCache& source = o.noising ? corrupt_cache : clean_cache;
-  for (std::size_t l = 0; l < L; ++l) {
-    const std::string point = hook_of(c, l);
+  for (const std::string& point : s.points) {
     const Tensor& from = source[point];
-    const Shape& shape = from.shape();
-    const std::size_t heads = !per_head(c) ? 1 : c == PatchComponent::pattern ? shape[1] : shape[2];
-    const std::size_t positions = !o.by_position ? 1 : c == PatchComponent::pattern ? r.length * r.length : r.length;
+    const auto [heads, positions] = extent(o.component, from.shape(), o.by_position, r.length);
     r.patched.emplace_back(heads, std::vector<PatchScore>(positions));
     for (std::size_t h = 0; h < heads; ++h)
       for (std::size_t p = 0; p < positions; ++p) {
-        const Array<double> mask = patch_mask(c, shape, h, o.by_position ? std::optional(p) : std::nullopt);
+        const Array<double> mask = patch_mask(o.component, from.shape(), h, o.by_position ? std::optional(p) : std::nullopt);
         const Tensor take = Tensor(mask).to(dtype), keep = Tensor(Array<double>(1.0 - mask)).to(dtype);
         const nn::ForwardHook replace = [&](const Tensor& value, const std::string&) { return value * keep + from * take; };
-        detail::Tally t;
-        t.add(model, model.run_with_hooks(run_batch.tokens, {{point, replace}}, false, run_mask), clean_batch, true);
-        r.patched[l][h][p] = score_of(t);
+        r.patched.back()[h][p] = scored(model, model.run_with_hooks(run_batch.tokens, {{point, replace}}, false, run_mask), s.clean);
+      }
+  }
+  return r;
+}
+
+Patching attribution_patch(nn::Transformer& model, const tasks::Task& task, const tasks::Corruption& corruption,
+                           const PatchOptions& o) {
+  Setup s = prepare(model, task, corruption, o);
+  Patching& r = s.result;
+  r.attribution = true;
+  const auto loss = [&](const nn::TransformerOutput& out) { return model.loss(out, s.clean.targets); };
+  const ActivationGradients clean = run_with_gradients(model, s.clean.tokens, s.points, loss, s.clean_mask);
+  const ActivationGradients corrupt = run_with_gradients(model, s.corrupt.tokens, s.points, loss, s.corrupt_mask);
+  {
+    NoGradGuard no_grad;
+    r.clean = scored(model, clean.output, s.clean);
+    r.corrupted = scored(model, corrupt.output, s.clean);
+  }
+  // Denoising estimates the corrupted run with clean activations, from the corrupted run's
+  // gradient; noising the other way round.
+  const ActivationGradients& run = o.noising ? clean : corrupt;
+  const ActivationGradients& source = o.noising ? corrupt : clean;
+  const double base = o.noising ? r.clean.loss : r.corrupted.loss;
+  for (const std::string& point : s.points) {
+    const Array<double> from = source.activations[point].to(DType::float64).value<double>();
+    const Array<double> here = run.activations[point].to(DType::float64).value<double>();
+    const Array<double> grad = run.gradients[point].to(DType::float64).value<double>();
+    const Shape shape = source.activations[point].shape();
+    Array<double> change = (from - here) * grad;
+    // Summed over the batch (and, but for the pattern, the features), as the masks broadcast.
+    Array<double> summed = xt::sum(change, {std::size_t(0)}, xt::keep_dims);
+    if (o.component != PatchComponent::pattern) summed = xt::sum(summed, {summed.dimension() - 1}, xt::keep_dims);
+    const auto [heads, positions] = extent(o.component, shape, o.by_position, r.length);
+    r.patched.emplace_back(heads, std::vector<PatchScore>(positions));
+    for (std::size_t h = 0; h < heads; ++h)
+      for (std::size_t p = 0; p < positions; ++p) {
+        const Array<double> mask = patch_mask(o.component, shape, h, o.by_position ? std::optional(p) : std::nullopt);
+        r.patched.back()[h][p] = {.accuracy = NAN, .loss = base + xt::sum(summed * mask)(), .logit_diff = NAN};
       }
   }
   return r;

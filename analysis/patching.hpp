@@ -17,6 +17,7 @@
 // By position, a residual or per-head component is patched at one position (every sequence's),
 // the pattern at one (query, key) pair, as get_act_patch_attn_head_pattern_dest_src_pos does.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,7 @@ struct Patching {
   std::size_t sequences = 0, length = 0;  // the batch: sequences × length tokens (with padding)
   std::uint64_t seed = 0;
   bool by_position = false;
+  bool attribution = false;  // attribution_patch's first-order estimates, not patched runs
   PatchScore clean, corrupted;
   // Per layer, head (1 for a residual component) and position (1 for all at once; pattern by
   // position: query × key): patched[l][h][p] (pattern: p = query · length + key).
@@ -66,6 +68,26 @@ struct Patching {
   static double share(double patched, double clean, double corrupted, bool noising);
   double loss_share(std::size_t layer, std::size_t head, std::size_t position) const;
 };
+
+// The activations at the hook points `points` of a forward on `tokens`, and the gradient there of
+// `scalar` (a number of the forward's output, such as its loss): what TransformerLens's
+// run_with_cache(incl_bwd=True) keeps. The model's parameters get no gradient. Needs gradients
+// enabled (std::logic_error under a NoGradGuard); an unknown point is std::invalid_argument.
+struct ActivationGradients {
+  nn::TransformerOutput output;
+  nn::Activations activations, gradients;
+};
+ActivationGradients run_with_gradients(nn::Transformer& model, const IndexArray& tokens, const std::vector<std::string>& points,
+                                       const std::function<Tensor(const nn::TransformerOutput&)>& scalar,
+                                       const MaskArray& key_padding = MaskArray());
+
+// Attribution patching: every patch of `options` at once, to first order. A patch's change of the
+// loss is estimated as Σ (source activation − run activation) · ∂loss/∂activation over what it
+// replaces, the gradient taken in the run it patches (the corrupted run when denoising); its
+// accuracy and logit difference are not estimated (NaN). Returns what patch would, with
+// `attribution` set and each patched loss the estimate.
+Patching attribution_patch(nn::Transformer& model, const tasks::Task& task, const tasks::Corruption& corruption,
+                           const PatchOptions& options);
 
 // Patches `options.component` of `model` on the task's held-out sequences of `options.seed` and
 // their corruption. The model's own hooks stay as they were. std::invalid_argument for a

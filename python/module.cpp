@@ -912,19 +912,20 @@ PYBIND11_MODULE(_qkv, m) {
       "`qkv ablate DIR --json`: every head zero- and mean-ablated (and patched, where the task corrupts) in turn");
   m.def(
       "patch",
-      [](const std::string& dir, const std::string& component, bool by_position, bool noising, std::size_t n,
-         std::uint64_t seed) {
-        return python_of(report::to_json(training::patch_run(dir, {.component = analysis::patch_component(component),
+      [](const std::string& dir, const std::string& component, bool by_position, bool noising, bool attribution,
+         std::size_t n, std::uint64_t seed) {
+        return python_of(report::to_json(training::patch_run(dir, attribution, {.component = analysis::patch_component(component),
                                                                    .by_position = by_position,
                                                                    .noising = noising,
                                                                    .sequences = n,
                                                                    .seed = seed})));
       },
-      py::arg("dir"), py::arg("component"), py::arg("by_position") = false, py::arg("noising") = false, py::arg("n") = 256,
-      py::arg("seed") = 1,
+      py::arg("dir"), py::arg("component"), py::arg("by_position") = false, py::arg("noising") = false,
+      py::arg("attribution") = false, py::arg("n") = 256, py::arg("seed") = 1,
       "`qkv patch DIR --component C --json`: activation patching of one component (resid_pre, attn_out, resid_mid, "
       "mlp_out, resid_post, q, k, v, pattern, z) at every layer and head, all positions at once or each apart, "
-      "denoising (the corrupted run with clean activations) or noising");
+      "denoising (the corrupted run with clean activations) or noising; attribution: each patch's loss estimated to first "
+      "order from the gradients (attribution patching)");
   m.def(
       "qk_circuit",
       [](const nn::Transformer& model, std::size_t layer, std::size_t head) {

@@ -16,7 +16,7 @@ namespace {
 nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
 
 nlohmann::json score_json(const PatchScore& s) {
-  return {{"accuracy", s.accuracy}, {"loss", s.loss}, {"logit_diff", s.logit_diff}};
+  return {{"accuracy", finite_or_null(s.accuracy)}, {"loss", s.loss}, {"logit_diff", finite_or_null(s.logit_diff)}};
 }
 
 bool residual(const Patching& p) { return !analysis::per_head(analysis::patch_component(p.component)); }
@@ -69,6 +69,7 @@ nlohmann::json to_json(const Patching& p) {
           {"length", p.length},
           {"seed", p.seed},
           {"by_position", p.by_position},
+          {"attribution", p.attribution},
           {"positions", p.positions},
           {"clean", score_json(p.clean)},
           {"corrupted", score_json(p.corrupted)},
@@ -114,24 +115,29 @@ std::vector<std::pair<std::string, Heatmap>> patching_heatmaps(const Patching& p
 }
 
 void print_patching(std::ostream& out, const Patching& p, bool color) {
-  const auto pct = [](double v) { return fmt::format("{:.1f}%", 100 * v); };
-  const auto share = [&](double v) { return std::isfinite(v) ? pct(v) : std::string("-"); };
+  const auto pct = [](double v) { return std::isfinite(v) ? fmt::format("{:.1f}%", 100 * v) : std::string("-"); };
+  const auto share = pct;
+  const auto signed_number = [](double v) { return std::isfinite(v) ? fmt::format("{:+.3f}", v) : std::string("-"); };
   fmt::print(out, "{}: {} held-out sequences of {} (seed {}), {} tokens each\n", p.dir.empty() ? p.task : p.dir, p.sequences,
              p.task, p.seed, p.length);
   fmt::print(out, "clean:      accuracy {:>6}  loss {:.4f}  logit diff {:+.3f}\n", pct(p.clean.accuracy), p.clean.loss,
              p.clean.logit_diff);
   fmt::print(out, "corrupted:  accuracy {:>6}  loss {:.4f}  logit diff {:+.3f}  ({}; scored on the clean answers)\n",
              pct(p.corrupted.accuracy), p.corrupted.loss, p.corrupted.logit_diff, p.corruption);
-  fmt::print(out, "{} {}{}: the {}; logit diff is the target's logit minus the best other one.\n\n", p.direction,
-             p.component, p.by_position ? (p.component == "pattern" ? " by (query, key)" : " by position") : "",
-             what_share(p));
+  fmt::print(out, "{}{} {}{}: the {}; logit diff is the target's logit minus the best other one.\n",
+             p.attribution ? "attribution patching, " : "", p.direction, p.component,
+             p.by_position ? (p.component == "pattern" ? " by (query, key)" : " by position") : "", what_share(p));
+  if (p.attribution)
+    fmt::print(out, "Each patch's loss is a first-order estimate from the gradient of the run it patches; accuracy and logit "
+                    "diff are not estimated.\n");
+  fmt::print(out, "\n");
   if (!p.by_position) {
     fmt::print(out, "{:<6}{:>9}{:>9}{:>12}{:>16}{:>21}\n", residual(p) ? "layer" : "head", "accuracy", "loss", "logit diff",
                "share of loss", "share of logit diff");
     for (std::size_t l = 0; l < p.patched.size(); ++l)
       for (std::size_t h = 0; h < p.patched[l].size(); ++h) {
         const PatchScore& s = p.patched[l][h][0];
-        fmt::print(out, "{:<6}{:>9}{:>9.4f}{:>+12.3f}{:>16}{:>21}\n", row_name(p, l, h), pct(s.accuracy), s.loss, s.logit_diff,
+        fmt::print(out, "{:<6}{:>9}{:>9.4f}{:>12}{:>16}{:>21}\n", row_name(p, l, h), pct(s.accuracy), s.loss, signed_number(s.logit_diff),
                    share(p.loss_share(l, h, 0)),
                    share(Patching::share(s.logit_diff, p.clean.logit_diff, p.corrupted.logit_diff, noising(p))));
       }

@@ -241,7 +241,7 @@ analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64
   return a;
 }
 
-analysis::Patching patch_run(const std::string& dir, analysis::PatchOptions options) {
+analysis::Patching patch_run(const std::string& dir, bool attribution, analysis::PatchOptions options) {
   const RunInfo run = open_run(dir);
   const TrainOptions& o = options_of(run, "patching");
   const DecoderRun r = decoder_run(run, "patching");
@@ -249,7 +249,8 @@ analysis::Patching patch_run(const std::string& dir, analysis::PatchOptions opti
   if (!corruption)
     throw std::runtime_error(fmt::format("{}: the task {} has no corrupted input to patch from (induction has one)", dir, o.task));
   options.mask_padding = o.mask_padding;
-  analysis::Patching p = analysis::patch(*r.model, *run.task, *corruption, options);
+  analysis::Patching p = attribution ? analysis::attribution_patch(*r.model, *run.task, *corruption, options)
+                                     : analysis::patch(*r.model, *run.task, *corruption, options);
   p.dir = dir;
   return p;
 }

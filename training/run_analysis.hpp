@@ -34,10 +34,10 @@ nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t
 // program's (which has no sequences to draw: give it a data file), is refused.
 analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64_t seed);
 
-// `qkv patch DIR`: analysis::patch on a decoder-only run with its task's corruption, masking
-// padding keys as the run trained. A task without a corrupted input, a seq2seq run or a library
-// program's run is refused, naming the run.
-analysis::Patching patch_run(const std::string& dir, analysis::PatchOptions options);
+// `qkv patch DIR`: analysis::patch (analysis::attribution_patch with `attribution`) on a
+// decoder-only run with its task's corruption, masking padding keys as the run trained. A task
+// without a corrupted input, a seq2seq run or a library program's run is refused, naming the run.
+analysis::Patching patch_run(const std::string& dir, bool attribution, analysis::PatchOptions options);
 
 // The same on the sequences of a data file (tasks::read_dataset: JSON lines of tokens and targets,
 // read as the run's tokens), for any decoder-only run, a library program's too: {task, dir, data,

@@ -1,4 +1,4 @@
-// qkv patch DIR --component C [--by-position] [--noising] [--n N] [--seed S] [--json] [--svg DIR]:
+// qkv patch DIR --component C [--by-position] [--noising] [--attribution] [--n N] [--seed S] [--json] [--svg DIR]:
 // activation patching of one component, every layer (and head), at all positions or each apart.
 #include <cstdlib>
 #include <iostream>
@@ -15,7 +15,7 @@ namespace {
 struct PatchArgs {
   std::string dir, component, svg;
   std::uint64_t n = 256, seed = 1;
-  bool by_position = false, noising = false, json = false;
+  bool by_position = false, noising = false, attribution = false, json = false;
 };
 
 }  // namespace
@@ -41,13 +41,15 @@ void add_patch(CLI::App& app, Command& run) {
   sub->add_flag("--by-position", a->by_position, "Each position apart (pattern: each query and key) rather than all at once");
   sub->add_flag("--noising", a->noising,
                 "The clean run with corrupted activations, rather than the corrupted run with clean ones (denoising)");
+  sub->add_flag("--attribution", a->attribution,
+                "Attribution patching: every patch's loss estimated to first order from two forwards and backwards");
   sub->add_option("--n", a->n, "Held-out sequences, drawn as one batch")->check(whole(1, 100'000));
   sub->add_option("--seed", a->seed, "Seed of the held-out sequences (as qkv eval's)")->check(whole(0, UINT64_MAX));
   sub->add_flag("--json", a->json, "Print the numbers as one JSON object");
   sub->add_option("--svg", a->svg, "Write the heatmaps as SVG files into this folder");
   sub->callback([&run, a] {
     run = [a] {
-      const analysis::Patching p = training::patch_run(a->dir, {.component = analysis::patch_component(a->component),
+      const analysis::Patching p = training::patch_run(a->dir, a->attribution, {.component = analysis::patch_component(a->component),
                                                                 .by_position = a->by_position,
                                                                 .noising = a->noising,
                                                                 .sequences = std::size_t(a->n),

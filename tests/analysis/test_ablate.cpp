@@ -1,6 +1,7 @@
 #include "tests/helpers.hpp"
 
 #include <cmath>
+#include <numeric>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -247,6 +248,24 @@ TEST_CASE("ablate and inspect on the default induction model: a previous-token h
       CHECK(p.patched[h.layer][h.head][0].accuracy == expected.accuracy);
       CHECK(p.loss_share(h.layer, h.head, 0) == Approx(noising ? *h.noising_share : *h.denoising_share).epsilon(1e-5));
     }
+  }
+  // Attribution patching against activation patching, each head's z at each position, denoising:
+  // the first-order estimates follow the patched runs (Pearson correlation of the shares).
+  {
+    const PatchOptions by_position{.component = PatchComponent::z, .by_position = true, .noising = false, .sequences = 64};
+    const Patching act = patch(*model, *task, *task_spec("induction").corruption, by_position);
+    const Patching att = attribution_patch(*model, *task, *task_spec("induction").corruption, by_position);
+    std::vector<double> x, y;
+    for (std::size_t l = 0; l < 2; ++l)
+      for (std::size_t t = 0; t < act.length; ++t) x.push_back(act.loss_share(l, 0, t)), y.push_back(att.loss_share(l, 0, t));
+    const double n = double(x.size());
+    const double mx = std::accumulate(x.begin(), x.end(), 0.0) / n, my = std::accumulate(y.begin(), y.end(), 0.0) / n;
+    double sxy = 0, sxx = 0, syy = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      sxy += (x[i] - mx) * (y[i] - my), sxx += (x[i] - mx) * (x[i] - mx), syy += (y[i] - my) * (y[i] - my);
+    const double correlation = sxy / std::sqrt(sxx * syy);
+    INFO("correlation " << correlation);
+    CHECK(correlation >= 0.8);
   }
   const nlohmann::json j = to_json(a);
   CHECK(j.at("needed") == nlohmann::json({"L0H0", "L1H0"}));

@@ -168,3 +168,66 @@ TEST_CASE("patching: the logit difference, components the model lacks, and the r
   CHECK(maps[0].first == "patch-z");
   CHECK(maps[0].second.values(1, 1) == r.loss_share(1, 1, 0));
 }
+
+TEST_CASE("gradients at hook points: a finite difference along a direction, and no parameter's gradient") {
+  const auto model = induction_model(6);
+  const InductionTask task;
+  const auto [clean, corrupt_tokens] = drawn(task, 4);
+  const std::vector<std::string> points = {"blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_v"};
+  const auto loss = [&](const nn::TransformerOutput& out) { return model->loss(out, clean.targets); };
+  const ActivationGradients g = run_with_gradients(*model, clean.tokens, points, loss);
+  REQUIRE(g.gradients.activations.size() == 3);
+  for (const Tensor& p : model->parameters()) {
+    CHECK(p.requires_grad());  // as they were
+    CHECK_FALSE(p.grad().defined());
+  }
+  CHECK(g.output.logits.shape() == Shape{4, clean.tokens.shape()[1], 48});
+  Generator gen(9);
+  for (const std::string& point : points) {
+    INFO(point);
+    const Array<double> grad = g.gradients[point].value<double>();
+    CHECK(grad.shape() == g.activations[point].value<double>().shape());
+    // d loss along a random direction D at the point: (loss(A + εD) − loss(A − εD)) / 2ε = Σ grad · D.
+    Array<double> d = Array<double>::from_shape(grad.shape());
+    for (double& x : d) x = gen.normal();
+    const double eps = 1e-5;
+    const auto moved = [&](double by) {
+      NoGradGuard no_grad;
+      const nn::ForwardHook add = [&](const Tensor& value, const std::string&) { return value + Tensor(Array<double>(by * d)); };
+      return model->loss(model->run_with_hooks(clean.tokens, {{point, add}}), clean.targets).item();
+    };
+    const double numeric = (moved(eps) - moved(-eps)) / (2 * eps);
+    CHECK(numeric == Approx(xt::sum(grad * d)()).epsilon(1e-6));
+  }
+  {
+    NoGradGuard no_grad;
+    CHECK_THROWS_WITH(run_with_gradients(*model, clean.tokens, points, loss), Contains("gradients are disabled"));
+  }
+  CHECK_THROWS_WITH(run_with_gradients(*model, clean.tokens, {"blocks.9.hook_resid_pre"}, loss), Contains("blocks.9.hook_resid_pre"));
+}
+
+TEST_CASE("attribution patching: each estimate is the activation difference times the gradient, summed over what it patches") {
+  const auto model = induction_model(7);
+  const InductionTask task;
+  const Corruption corruption = *task_spec("induction").corruption;
+  const Patching r = attribution_patch(*model, task, corruption,
+                                       {.component = PatchComponent::z, .by_position = true, .noising = false, .sequences = 8});
+  CHECK(r.attribution);
+  const auto [clean, corrupt_tokens] = drawn(task, 8);
+  const auto loss = [&](const nn::TransformerOutput& out) { return model->loss(out, clean.targets); };
+  const std::string point = "blocks.1.attn.hook_z";
+  const ActivationGradients at_clean = run_with_gradients(*model, clean.tokens, {point}, loss);
+  const ActivationGradients at_corrupt = run_with_gradients(*model, corrupt_tokens, {point}, loss);
+  const Array<double> from = at_clean.activations[point].value<double>(), here = at_corrupt.activations[point].value<double>();
+  const Array<double> grad = at_corrupt.gradients[point].value<double>();
+  const std::size_t p = r.length - 3, h = 0;
+  double change = 0;
+  for (std::size_t b = 0; b < 8; ++b)
+    for (std::size_t i = 0; i < from.shape()[3]; ++i) change += (from(b, p, h, i) - here(b, p, h, i)) * grad(b, p, h, i);
+  CHECK(r.patched[1][h][p].loss == Approx(r.corrupted.loss + change).epsilon(1e-12));
+  CHECK(std::isnan(r.patched[1][h][p].accuracy));
+  CHECK(r.corrupted.loss == Approx(patch(*model, task, corruption, {.component = PatchComponent::z, .sequences = 8}).corrupted.loss).epsilon(1e-12));
+  const nlohmann::json j = report::to_json(r);
+  CHECK(j.at("attribution") == true);
+  CHECK(j.at("layers")[1].at("heads")[0].at("patched")[p].at("accuracy").is_null());
+}

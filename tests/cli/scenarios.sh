@@ -277,7 +277,13 @@ EOF2
 EOF2
     "$qkv" sweep long.json --out long -j 2 > /dev/null 2> progress.txt &
     sweep=$!
-    sleep 1.5  # both workers in a run
+    # Both workers in a run (each run's folder made as it starts): the handlers are in place by then,
+    # however slow the machine (a sanitizer build beside other jobs took more than 1.5 s).
+    for _ in $(seq 600); do
+      [ "$(find long/runs -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)" -ge 2 ] && break
+      sleep 0.1
+    done
+    sleep 0.5
     kill -TERM "$sweep"
     wait "$sweep"
     code=$?
