@@ -95,7 +95,7 @@ std::vector<HeldOutCheck> held_out_checks() {
     const std::string page = text_of(page_path);
     for (auto it = std::sregex_iterator(page.begin(), page.end(), marker_form()); it != std::sregex_iterator(); ++it) {
       const auto [experiment, query] = parts_of((*it)[1]);
-      if (experiment == "held-out") continue;
+      if (experiment.starts_with("held-out")) continue;
       const Json* fresh_runs = results_file(experiment, "held-out.json");
       if (!fresh_runs) continue;
       const auto stated = experiments::query_interval(results_of(experiment).at("runs"), query);
@@ -114,9 +114,10 @@ std::vector<HeldOutCheck> held_out_checks() {
   return out;
 }
 
-// The text a marker's query makes: its experiment's runs, queried; `held-out | inside` and
-// `held-out | overlapping`, how many of the stated intervals a rerun on held-out seeds lands inside,
-// and how many its own intervals overlap.
+// The text a marker's query makes: its experiment's runs, queried; `held-out:EXPERIMENT | …`, the
+// same query on the experiment's held-out rerun; `held-out | inside` and `held-out | overlapping`,
+// how many of the stated intervals a rerun on held-out seeds lands inside, and how many its own
+// intervals overlap.
 std::string doc_number(const std::string& marker) {
   const auto [experiment, query] = parts_of(marker);
   if (experiment == "held-out") {
@@ -127,6 +128,12 @@ std::string doc_number(const std::string& marker) {
     const auto k = std::count_if(checks.begin(), checks.end(),
                                  [&](const HeldOutCheck& c) { return what == "inside" ? c.inside : c.consistent; });
     return fmt::format("{} of {}", k, checks.size());
+  }
+  if (experiment.starts_with("held-out:")) {  // "held-out:masks | …": the query on the held-out rerun
+    const std::string name = experiment.substr(std::string("held-out:").size());
+    const Json* runs = results_file(name, "held-out.json");
+    if (!runs) throw std::invalid_argument(fmt::format("'{}': the experiment '{}' has no held-out.json", marker, name));
+    return experiments::query_runs(runs->at("runs"), query);
   }
   return experiments::query_runs(results_of(experiment).at("runs"), query);
 }
