@@ -7,6 +7,7 @@
 
 #include "qkv/analysis/inspect.hpp"
 #include "qkv/core/autograd.hpp"
+#include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/task.hpp"
 
 namespace qkv::analysis {
@@ -97,6 +98,14 @@ std::vector<HeadDetection> detect_heads(const nn::Transformer& model, const std:
     d.induction /= double(sequences.size());
   }
   return out;
+}
+
+std::vector<std::vector<std::int64_t>> detection_sequences(const nn::Transformer& model, const tasks::Task& task,
+                                                           std::size_t count) {
+  if (!task.info().draws) return {};
+  std::vector<std::vector<std::int64_t>> sequences = tasks::held_out_sequences(task, count, 0);
+  std::erase_if(sequences, [&](const std::vector<std::int64_t>& s) { return s.size() < 2 || s.size() > model.config().max_len; });
+  return sequences;
 }
 
 }  // namespace qkv::analysis

@@ -16,6 +16,7 @@
 
 #include "qkv/core/tensor.hpp"
 #include "qkv/nn/transformer.hpp"
+#include "qkv/tasks/task.hpp"
 
 namespace qkv::analysis {
 
@@ -44,5 +45,12 @@ struct HeadDetection {
 // enters; each of 2 to max_len tokens of the vocabulary, else std::invalid_argument naming the
 // sequence).
 std::vector<HeadDetection> detect_heads(const nn::Transformer& model, const std::vector<std::vector<std::int64_t>>& sequences);
+
+// What inspect's head detectors (and the sweep measurement `heads`) read of a task: its first
+// `count` held-out sequences (tasks::held_out_sequences, seed 0) that the model can read, of 2 to
+// max_len tokens; none when the task draws no sequences (a run's own task, known by its
+// vocabulary).
+std::vector<std::vector<std::int64_t>> detection_sequences(const nn::Transformer& model, const tasks::Task& task,
+                                                           std::size_t count = 64);
 
 }  // namespace qkv::analysis

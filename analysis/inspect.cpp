@@ -177,10 +177,8 @@ Inspection inspect(const nn::Transformer& model, const Task& task, const std::ve
   r.composition = compositions(model);
   // A task that draws no sequences: the input alone.
   r.detection_held_out = task.info().draws;
-  std::vector<std::vector<std::int64_t>> sequences =
-      r.detection_held_out ? held_out_sequences(task, inspect_detection_sequences, 0)
-                           : std::vector<std::vector<std::int64_t>>{input};
-  std::erase_if(sequences, [&](const std::vector<std::int64_t>& s) { return s.size() < 2 || s.size() > c.max_len; });
+  std::vector<std::vector<std::int64_t>> sequences = detection_sequences(model, task, inspect_detection_sequences);
+  if (!r.detection_held_out && input.size() >= 2) sequences = {input};
   if (!sequences.empty()) {
     r.detection_sequences = sequences.size();
     for (const HeadDetection& d : detect_heads(model, sequences)) r.layers[d.layer][d.head].detection = d;

@@ -115,7 +115,9 @@ Setup prepare(const nn::Transformer& model, const tasks::Task& task, const tasks
   if ((c == PatchComponent::resid_mid || c == PatchComponent::mlp_out) && !model.blocks[0]->mlp)
     throw std::invalid_argument(fmt::format("patch: the component {} needs the MLP, and the model has none",
                                             patch_component_name(c)));
-  if (o.sequences == 0) throw std::invalid_argument("patch: no sequences (sequences must be 1 or more)");
+  if (o.sequences == 0 || o.sequences > max_patch_sequences)
+    throw std::invalid_argument(
+        fmt::format("patch: {} sequences (1 to {}: they are one batch)", o.sequences, max_patch_sequences));
   Setup s;
   Generator gen = tasks::held_out_generator(o.seed), corrupt_gen(tasks::held_out_generator(o.seed).next_u64());
   s.clean = task.sample(o.sequences, gen);
@@ -151,20 +153,28 @@ std::pair<std::size_t, std::size_t> extent(PatchComponent c, const Shape& shape,
   return {heads, positions};
 }
 
-// Parameters that take no gradient while it lives, as they were after.
-class NoParameterGradients {
+// The parameters' gradients as they were when it was made, put back when it goes: a backward
+// through the model accumulates into them, and none of that may stay.
+class KeepParameterGradients {
  public:
-  explicit NoParameterGradients(const nn::Module& model) : trainable_(model.parameters()) {
-    for (Tensor& p : trainable_) p.requires_grad_(false);
+  explicit KeepParameterGradients(const nn::Module& model) {
+    for (const Tensor& p : model.parameters())
+      if (p.requires_grad()) {
+        const Tensor g = p.grad();
+        kept_.push_back({p, g.defined() ? std::optional(Tensor(g.to(DType::float64).value<double>())) : std::nullopt});
+      }
   }
-  ~NoParameterGradients() {
-    for (Tensor& p : trainable_) p.requires_grad_(true);
+  ~KeepParameterGradients() {
+    for (auto& [p, g] : kept_) {
+      if (!g) p.zero_grad();
+      else if (Tensor now = p.grad(); now.defined()) now.copy_(*g);
+    }
   }
-  NoParameterGradients(const NoParameterGradients&) = delete;
-  NoParameterGradients& operator=(const NoParameterGradients&) = delete;
+  KeepParameterGradients(const KeepParameterGradients&) = delete;
+  KeepParameterGradients& operator=(const KeepParameterGradients&) = delete;
 
  private:
-  std::vector<Tensor> trainable_;
+  std::vector<std::pair<Tensor, std::optional<Tensor>>> kept_;
 };
 
 }  // namespace
@@ -173,7 +183,7 @@ ActivationGradients run_with_gradients(nn::Transformer& model, const IndexArray&
                                        const std::function<Tensor(const nn::TransformerOutput&)>& scalar,
                                        const MaskArray& key_padding) {
   if (!is_grad_enabled()) throw std::logic_error("run_with_gradients: gradients are disabled (a NoGradGuard is alive)");
-  const NoParameterGradients frozen(model);
+  const KeepParameterGradients kept(model);
   // Each point's value goes on as value + 0, the 0 a leaf whose gradient is the value's.
   std::vector<Tensor> zeros(points.size());
   ActivationGradients out;
@@ -230,24 +240,22 @@ Patching attribution_patch(nn::Transformer& model, const tasks::Task& task, cons
   Setup s = prepare(model, task, corruption, o);
   Patching& r = s.result;
   r.attribution = true;
-  const auto loss = [&](const nn::TransformerOutput& out) { return model.loss(out, s.clean.targets); };
-  const ActivationGradients clean = run_with_gradients(model, s.clean.tokens, s.points, loss, s.clean_mask);
-  const ActivationGradients corrupt = run_with_gradients(model, s.corrupt.tokens, s.points, loss, s.corrupt_mask);
-  {
-    NoGradGuard no_grad;
-    r.clean = scored(model, clean.output, s.clean);
-    r.corrupted = scored(model, corrupt.output, s.clean);
-  }
   // Denoising estimates the corrupted run with clean activations, from the corrupted run's
-  // gradient; noising the other way round.
-  const ActivationGradients& run = o.noising ? clean : corrupt;
-  const ActivationGradients& source = o.noising ? corrupt : clean;
+  // gradient; noising the other way round. The source run needs its activations alone.
+  const auto loss = [&](const nn::TransformerOutput& out) { return model.loss(out, s.clean.targets); };
+  const ActivationGradients run = o.noising ? run_with_gradients(model, s.clean.tokens, s.points, loss, s.clean_mask)
+                                            : run_with_gradients(model, s.corrupt.tokens, s.points, loss, s.corrupt_mask);
+  NoGradGuard no_grad;
+  const nn::ActivationCache source = o.noising ? model.run_with_cache(s.corrupt.tokens, s.points, s.corrupt_mask)
+                                               : model.run_with_cache(s.clean.tokens, s.points, s.clean_mask);
+  r.clean = scored(model, o.noising ? run.output : source.output, s.clean);
+  r.corrupted = scored(model, o.noising ? source.output : run.output, s.clean);
   const double base = o.noising ? r.clean.loss : r.corrupted.loss;
   for (const std::string& point : s.points) {
-    const Array<double> from = source.activations[point].to(DType::float64).value<double>();
+    const Array<double> from = source[point].to(DType::float64).value<double>();
     const Array<double> here = run.activations[point].to(DType::float64).value<double>();
     const Array<double> grad = run.gradients[point].to(DType::float64).value<double>();
-    const Shape shape = source.activations[point].shape();
+    const Shape shape = source[point].shape();
     Array<double> change = (from - here) * grad;
     // Summed over the batch (and, but for the pattern, the features), as the masks broadcast.
     Array<double> summed = xt::sum(change, {std::size_t(0)}, xt::keep_dims);

@@ -30,7 +30,7 @@ namespace qkv::analysis {
 
 enum class PatchComponent { resid_pre, attn_out, resid_mid, mlp_out, resid_post, q, k, v, pattern, z };
 
-// The components in the order above, and their names ("resid_pre", …); from_name throws
+// The components in the order above, and their names ("resid_pre", …); patch_component throws
 // std::invalid_argument naming the name and listing the known ones.
 const std::vector<PatchComponent>& patch_components();
 std::string patch_component_name(PatchComponent component);
@@ -38,11 +38,15 @@ PatchComponent patch_component(const std::string& name);
 // Whether the component is one per head (q, k, v, pattern, z).
 bool per_head(PatchComponent component);
 
+inline constexpr std::size_t max_patch_sequences = 10'000;
+
 struct PatchOptions {
   PatchComponent component = PatchComponent::z;
   bool by_position = false;  // each position (pattern: each (query, key) pair) apart; else all at once
   bool noising = false;      // the clean run with corrupted activations; else denoising
-  std::size_t sequences = 256;  // held-out sequences, drawn as one batch (so that induction's share a length)
+  // Held-out sequences, drawn as one batch (on induction, then, all of one length), at most
+  // max_patch_sequences.
+  std::size_t sequences = 256;
   std::uint64_t seed = 1;
   bool mask_padding = true;
 };
@@ -71,8 +75,10 @@ struct Patching {
 
 // The activations at the hook points `points` of a forward on `tokens`, and the gradient there of
 // `scalar` (a number of the forward's output, such as its loss): what TransformerLens's
-// run_with_cache(incl_bwd=True) keeps. The model's parameters get no gradient. Needs gradients
-// enabled (std::logic_error under a NoGradGuard); an unknown point is std::invalid_argument.
+// run_with_cache(incl_bwd=True) keeps. The parameters' gradients are left as they were. Its
+// backward clears the thread's tape, as any backward does: call it with no other forward waiting
+// for its backward. Needs gradients enabled (std::logic_error under a NoGradGuard); an unknown
+// point is std::invalid_argument.
 struct ActivationGradients {
   nn::TransformerOutput output;
   nn::Activations activations, gradients;

@@ -156,8 +156,12 @@ Json composition(const nn::Transformer& m) {
 // the heads and the layer and head that has it (the first, on a tie): KIND_best, KIND_layer,
 // KIND_head.
 void head_detectors(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
-  std::vector<std::vector<std::int64_t>> sequences = tasks::held_out_sequences(task, analysis::inspect_detection_sequences, 0);
-  std::erase_if(sequences, [&](const std::vector<std::int64_t>& s) { return s.size() < 2; });
+  const std::vector<std::vector<std::int64_t>> sequences =
+      analysis::detection_sequences(m, task, analysis::inspect_detection_sequences);
+  if (sequences.empty()) {  // none to read: the measurement says so rather than stopping the run
+    run["heads"] = nullptr;
+    return;
+  }
   const std::vector<analysis::HeadDetection> found = analysis::detect_heads(m, sequences);
   Json out = Json::object();
   for (const analysis::HeadDetection& d : found)

@@ -43,7 +43,7 @@ void add_patch(CLI::App& app, Command& run) {
                 "The clean run with corrupted activations, rather than the corrupted run with clean ones (denoising)");
   sub->add_flag("--attribution", a->attribution,
                 "Attribution patching: every patch's loss estimated to first order from two forwards and backwards");
-  sub->add_option("--n", a->n, "Held-out sequences, drawn as one batch")->check(whole(1, 100'000));
+  sub->add_option("--n", a->n, "Held-out sequences, drawn as one batch")->check(whole(1, analysis::max_patch_sequences));
   sub->add_option("--seed", a->seed, "Seed of the held-out sequences (as qkv eval's)")->check(whole(0, UINT64_MAX));
   sub->add_flag("--json", a->json, "Print the numbers as one JSON object");
   sub->add_option("--svg", a->svg, "Write the heatmaps as SVG files into this folder");

@@ -1,5 +1,6 @@
 #include "tests/helpers.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -169,7 +170,7 @@ TEST_CASE("patching: the logit difference, components the model lacks, and the r
   CHECK(maps[0].second.values(1, 1) == r.loss_share(1, 1, 0));
 }
 
-TEST_CASE("gradients at hook points: a finite difference along a direction, and no parameter's gradient") {
+TEST_CASE("gradients at hook points: a finite difference along a direction, and the parameters' gradients left as they were") {
   const auto model = induction_model(6);
   const InductionTask task;
   const auto [clean, corrupt_tokens] = drawn(task, 4);
@@ -177,9 +178,24 @@ TEST_CASE("gradients at hook points: a finite difference along a direction, and 
   const auto loss = [&](const nn::TransformerOutput& out) { return model->loss(out, clean.targets); };
   const ActivationGradients g = run_with_gradients(*model, clean.tokens, points, loss);
   REQUIRE(g.gradients.activations.size() == 3);
-  for (const Tensor& p : model->parameters()) {
-    CHECK(p.requires_grad());  // as they were
-    CHECK_FALSE(p.grad().defined());
+  for (const Tensor& p : model->parameters()) CHECK_FALSE(p.grad().defined());  // none was there, none is
+  {
+    // Frozen embeddings stay frozen, and gradients a caller had accumulated stay as they were.
+    nn::TransformerConfig c = model->config();
+    c.frozen_embeddings = true;
+    Generator same(6);
+    nn::Transformer other(c, same);
+    other.loss(other.forward(clean.tokens), clean.targets).backward();
+    std::vector<std::pair<bool, Array<double>>> before;
+    for (const Tensor& p : other.parameters())
+      before.emplace_back(p.requires_grad(), p.grad().defined() ? p.grad().value<double>() : Array<double>());
+    CHECK(std::count_if(before.begin(), before.end(), [](const auto& b) { return !b.first; }) >= 1);
+    run_with_gradients(other, clean.tokens, points, [&](const nn::TransformerOutput& out) { return other.loss(out, clean.targets); });
+    const std::vector<Tensor> after = other.parameters();
+    for (std::size_t i = 0; i < after.size(); ++i) {
+      CHECK(after[i].requires_grad() == before[i].first);
+      if (before[i].first) check_close(after[i].grad().value<double>(), before[i].second, 0);
+    }
   }
   CHECK(g.output.logits.shape() == Shape{4, clean.tokens.shape()[1], 48});
   Generator gen(9);
@@ -226,6 +242,28 @@ TEST_CASE("attribution patching: each estimate is the activation difference time
     for (std::size_t i = 0; i < from.shape()[3]; ++i) change += (from(b, p, h, i) - here(b, p, h, i)) * grad(b, p, h, i);
   CHECK(r.patched[1][h][p].loss == Approx(r.corrupted.loss + change).epsilon(1e-12));
   CHECK(std::isnan(r.patched[1][h][p].accuracy));
+  // The pattern at one (query, key) pair, summed over the batch alone; resid_pre at one position,
+  // over the batch and the stream's features.
+  const Patching pattern = attribution_patch(*model, task, corruption,
+                                             {.component = PatchComponent::pattern, .by_position = true, .sequences = 8});
+  const Patching resid = attribution_patch(*model, task, corruption,
+                                           {.component = PatchComponent::resid_pre, .by_position = true, .sequences = 8});
+  const std::vector<std::string> points = {"blocks.1.attn.hook_pattern", "blocks.1.hook_resid_pre"};
+  const ActivationGradients clean_all = run_with_gradients(*model, clean.tokens, points, loss);
+  const ActivationGradients corrupt_all = run_with_gradients(*model, corrupt_tokens, points, loss);
+  const auto delta = [&](const std::string& point) {
+    return Array<double>((clean_all.activations[point].value<double>() - corrupt_all.activations[point].value<double>()) *
+                         corrupt_all.gradients[point].value<double>());
+  };
+  const Array<double> d_pattern = delta(points[0]), d_resid = delta(points[1]);
+  const std::size_t q = r.length - 2, k = r.length / 2;
+  double pattern_change = 0, resid_change = 0;
+  for (std::size_t b = 0; b < 8; ++b) {
+    pattern_change += d_pattern(b, h, q, k);
+    for (std::size_t i = 0; i < d_resid.shape()[2]; ++i) resid_change += d_resid(b, p, i);
+  }
+  CHECK(pattern.patched[1][h][q * r.length + k].loss == Approx(pattern.corrupted.loss + pattern_change).epsilon(1e-12));
+  CHECK(resid.patched[1][0][p].loss == Approx(resid.corrupted.loss + resid_change).epsilon(1e-12));
   CHECK(r.corrupted.loss == Approx(patch(*model, task, corruption, {.component = PatchComponent::z, .sequences = 8}).corrupted.loss).epsilon(1e-12));
   const nlohmann::json j = report::to_json(r);
   CHECK(j.at("attribution") == true);
