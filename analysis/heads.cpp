@@ -12,18 +12,13 @@
 
 namespace qkv::analysis {
 
-const std::vector<HeadKind>& head_kinds() {
-  static const std::vector<HeadKind> kinds = {HeadKind::previous_token, HeadKind::duplicate_token, HeadKind::induction};
-  return kinds;
-}
-
-std::string head_kind_name(HeadKind kind) {
+const char* name_of(HeadKind kind) {
   switch (kind) {
     case HeadKind::previous_token: return "previous_token";
     case HeadKind::duplicate_token: return "duplicate_token";
     case HeadKind::induction: return "induction";
   }
-  throw std::logic_error("head_kind_name: no such kind");
+  throw std::logic_error("name_of: no such head kind");
 }
 
 Array<double> detection_pattern(HeadKind kind, const std::vector<std::int64_t>& tokens) {
@@ -83,7 +78,7 @@ std::vector<HeadDetection> detect_heads(const nn::Transformer& model, const std:
         throw std::invalid_argument(
             fmt::format("detect_heads: sequence {} holds token {}, outside the vocabulary of {}", s, t, c.vocab_size));
     std::vector<Array<double>> patterns;
-    for (HeadKind kind : head_kinds()) patterns.push_back(detection_pattern(kind, tokens));
+    for (HeadKind kind : all_head_kinds) patterns.push_back(detection_pattern(kind, tokens));
     const nn::TransformerOutput f = model.forward(tasks::one_row(tokens), true);
     for (HeadDetection& d : out) {
       const Array<double> w = head_matrix(f.attention[d.layer].weights, d.head);

@@ -23,8 +23,9 @@ namespace qkv::analysis {
 enum class HeadKind { previous_token, duplicate_token, induction };
 
 // The kinds, in the order above, and their names ("previous_token", ...).
-const std::vector<HeadKind>& head_kinds();
-std::string head_kind_name(HeadKind kind);
+inline constexpr HeadKind all_head_kinds[] = {HeadKind::previous_token, HeadKind::duplicate_token, HeadKind::induction};
+const char* name_of(HeadKind kind);
+inline std::string head_kind_name(HeadKind kind) { return name_of(kind); }
 
 // The kind's (T, T) 0/1 pattern on a sequence of T tokens.
 Array<double> detection_pattern(HeadKind kind, const std::vector<std::int64_t>& tokens);

@@ -11,20 +11,12 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include <xtensor/xreducer.hpp>
+#include <xtensor/xview.hpp>
 #include "qkv/tasks/evaluate.hpp"
 
 namespace qkv::analysis {
 
-const std::vector<PatchComponent>& patch_components() {
-  static const std::vector<PatchComponent> all = {PatchComponent::resid_pre, PatchComponent::attn_out,
-                                                  PatchComponent::resid_mid, PatchComponent::mlp_out,
-                                                  PatchComponent::resid_post, PatchComponent::q,
-                                                  PatchComponent::k,         PatchComponent::v,
-                                                  PatchComponent::pattern,   PatchComponent::z};
-  return all;
-}
-
-std::string patch_component_name(PatchComponent component) {
+const char* name_of(PatchComponent component) {
   switch (component) {
     case PatchComponent::resid_pre: return "resid_pre";
     case PatchComponent::attn_out: return "attn_out";
@@ -37,16 +29,13 @@ std::string patch_component_name(PatchComponent component) {
     case PatchComponent::pattern: return "pattern";
     case PatchComponent::z: return "z";
   }
-  throw std::logic_error("patch_component_name: no such component");
+  throw std::logic_error("name_of: no such patch component");
 }
 
 PatchComponent patch_component(const std::string& name) {
-  std::vector<std::string> names;
-  for (PatchComponent c : patch_components()) {
-    if (patch_component_name(c) == name) return c;
-    names.push_back(patch_component_name(c));
-  }
-  throw std::invalid_argument(fmt::format("patch: no component '{}' (one of {})", name, fmt::join(names, ", ")));
+  if (const auto c = nn::from_name(all_patch_components, name)) return *c;
+  throw std::invalid_argument(
+      fmt::format("patch: no component '{}' (one of {})", name, fmt::join(nn::names_of(all_patch_components), ", ")));
 }
 
 bool per_head(PatchComponent c) {
@@ -92,6 +81,17 @@ Array<double> patch_mask(PatchComponent c, const Shape& shape, std::size_t head,
     }
   }
   return mask;
+}
+
+// The sum of `summed` (an activation's shape, the batch and, but for the pattern, the features
+// summed to 1) over the cells patch_mask covers for `head` and `position`, read in place.
+double covered_sum(PatchComponent c, const Array<double>& summed, std::size_t head, std::optional<std::size_t> position) {
+  if (c == PatchComponent::pattern) {
+    const std::size_t T = summed.shape()[3];
+    return position ? summed(0, head, *position / T, *position % T) : xt::sum(xt::view(summed, 0, head))();
+  }
+  if (per_head(c)) return position ? summed(0, *position, head, 0) : xt::sum(xt::view(summed, 0, xt::all(), head))();
+  return position ? summed(0, *position, 0) : xt::sum(summed)();
 }
 
 PatchScore score_of(const detail::Tally& t) { return {t.accuracy(), t.loss(), t.logit_diff()}; }
@@ -264,8 +264,8 @@ Patching attribution_patch(nn::Transformer& model, const tasks::Task& task, cons
     r.patched.emplace_back(heads, std::vector<PatchScore>(positions));
     for (std::size_t h = 0; h < heads; ++h)
       for (std::size_t p = 0; p < positions; ++p) {
-        const Array<double> mask = patch_mask(o.component, shape, h, o.by_position ? std::optional(p) : std::nullopt);
-        r.patched.back()[h][p] = {.accuracy = NAN, .loss = base + xt::sum(summed * mask)(), .logit_diff = NAN};
+        const double change = covered_sum(o.component, summed, h, o.by_position ? std::optional(p) : std::nullopt);
+        r.patched.back()[h][p] = {.accuracy = NAN, .loss = base + change, .logit_diff = NAN};
       }
   }
   return r;

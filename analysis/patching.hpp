@@ -30,10 +30,15 @@ namespace qkv::analysis {
 
 enum class PatchComponent { resid_pre, attn_out, resid_mid, mlp_out, resid_post, q, k, v, pattern, z };
 
-// The components in the order above, and their names ("resid_pre", …); patch_component throws
-// std::invalid_argument naming the name and listing the known ones.
-const std::vector<PatchComponent>& patch_components();
-std::string patch_component_name(PatchComponent component);
+// The components in the order above, and their names ("resid_pre", …; nn::from_name and
+// nn::names_of read them); patch_component throws std::invalid_argument naming the name and
+// listing the known ones.
+inline constexpr PatchComponent all_patch_components[] = {
+    PatchComponent::resid_pre, PatchComponent::attn_out, PatchComponent::resid_mid, PatchComponent::mlp_out,
+    PatchComponent::resid_post, PatchComponent::q, PatchComponent::k, PatchComponent::v,
+    PatchComponent::pattern, PatchComponent::z};
+const char* name_of(PatchComponent component);
+inline std::string patch_component_name(PatchComponent component) { return name_of(component); }
 PatchComponent patch_component(const std::string& name);
 // Whether the component is one per head (q, k, v, pattern, z).
 bool per_head(PatchComponent component);

@@ -954,7 +954,7 @@ PYBIND11_MODULE(_qkv, m) {
         const std::vector<analysis::HeadDetection> found = analysis::detect_heads(model, sequences);
         const std::size_t L = model.config().layers, H = model.config().heads;
         py::dict out;
-        for (const analysis::HeadKind kind : analysis::head_kinds()) {
+        for (const analysis::HeadKind kind : analysis::all_head_kinds) {
           py::array_t<double> scores({py::ssize_t(L), py::ssize_t(H)});
           auto view = scores.mutable_unchecked<2>();
           for (const analysis::HeadDetection& d : found) view(py::ssize_t(d.layer), py::ssize_t(d.head)) = d.score(kind);

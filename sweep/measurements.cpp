@@ -165,8 +165,8 @@ void head_detectors(Json& run, nn::Transformer& m, const Task& task, const Seque
   const std::vector<analysis::HeadDetection> found = analysis::detect_heads(m, sequences);
   Json out = Json::object();
   for (const analysis::HeadDetection& d : found)
-    for (const analysis::HeadKind kind : analysis::head_kinds()) out[head_name(d.layer, d.head)][analysis::head_kind_name(kind)] = d.score(kind);
-  for (const analysis::HeadKind kind : analysis::head_kinds()) {
+    for (const analysis::HeadKind kind : analysis::all_head_kinds) out[head_name(d.layer, d.head)][analysis::head_kind_name(kind)] = d.score(kind);
+  for (const analysis::HeadKind kind : analysis::all_head_kinds) {
     const auto best = std::max_element(found.begin(), found.end(), [&](const auto& a, const auto& b) {
       return a.score(kind) < b.score(kind);
     });

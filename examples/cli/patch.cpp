@@ -23,7 +23,7 @@ struct PatchArgs {
 void add_patch(CLI::App& app, Command& run) {
   auto a = std::make_shared<PatchArgs>();
   std::string components;
-  for (const analysis::PatchComponent c : analysis::patch_components())
+  for (const analysis::PatchComponent c : analysis::all_patch_components)
     components += (components.empty() ? "" : ", ") + analysis::patch_component_name(c);
   auto* sub = app.add_subcommand("patch", "Activation patching between the task's clean and corrupted inputs, one "
                                           "component at every layer (and head), at all positions or each apart");

@@ -75,7 +75,7 @@ TEST_CASE("head detectors: a model's scores are the mean over sequences of its a
   CHECK(d[3].head == 1);
   for (const HeadDetection& head : d) {
     INFO("L" << head.layer << "H" << head.head);
-    for (HeadKind kind : head_kinds()) {
+    for (HeadKind kind : all_head_kinds) {
       double expected = 0;
       for (const auto& s : sequences) {  // the weights from inspect, the pattern from a loop of its own
         const Array<double> w = inspect(model, task, s).layers[head.layer][head.head].attention;

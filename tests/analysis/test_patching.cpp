@@ -31,6 +31,14 @@ std::unique_ptr<nn::Transformer> induction_model(std::uint64_t seed, bool mlp = 
   return std::make_unique<nn::Transformer>(c, gen);
 }
 
+// The induction model at init (induction_model), its task and the task's corruption.
+struct Induction {
+  explicit Induction(std::uint64_t seed) : model(induction_model(seed)) {}
+  std::unique_ptr<nn::Transformer> model;
+  InductionTask task;
+  Corruption corruption = *task_spec("induction").corruption;
+};
+
 // The batch patch draws (seed 1, `n` sequences) and its corruption, drawn apart.
 std::pair<Batch, IndexArray> drawn(const Task& task, std::size_t n) {
   Generator gen = held_out_generator(1), corrupt_gen(held_out_generator(1).next_u64());
@@ -53,9 +61,8 @@ void check_same(const PatchScore& a, const PatchScore& b) {
 }  // namespace
 
 TEST_CASE("patching: the whole stream patched is the other run, a patch after the last answer changes nothing") {
-  const auto model = induction_model(3);
-  const InductionTask task;
-  const Corruption corruption = *task_spec("induction").corruption;
+  const Induction setup(3);
+  const auto& [model, task, corruption] = setup;
   PatchOptions o{.component = PatchComponent::resid_pre, .by_position = false, .noising = false, .sequences = 32};
   const Patching denoised = patch(*model, task, corruption, o);
   REQUIRE(denoised.patched.size() == 2);
@@ -86,9 +93,8 @@ TEST_CASE("patching: the whole stream patched is the other run, a patch after th
 }
 
 TEST_CASE("patching: a head's z, q, v and pattern at one position, against the same patch made by hand") {
-  const auto model = induction_model(4);
-  const InductionTask task;
-  const Corruption corruption = *task_spec("induction").corruption;
+  const Induction setup(4);
+  const auto& [model, task, corruption] = setup;
   const auto [clean, corrupt_tokens] = drawn(task, 16);
   const nn::ActivationCache clean_cache = model->run_with_cache(clean.tokens);
   const std::size_t T = clean.tokens.shape()[1], p = T / 2 - 2, h = 1;
@@ -127,9 +133,8 @@ TEST_CASE("patching: a head's z, q, v and pattern at one position, against the s
 }
 
 TEST_CASE("patching: the logit difference, components the model lacks, and the report") {
-  const auto model = induction_model(5);
-  const InductionTask task;
-  const Corruption corruption = *task_spec("induction").corruption;
+  const Induction setup(5);
+  const auto& [model, task, corruption] = setup;
   // The logit difference of a run, by hand: the target's logit minus the largest other.
   const auto [clean, corrupt_tokens] = drawn(task, 8);
   const nn::TransformerOutput out = model->forward(clean.tokens);
@@ -223,9 +228,8 @@ TEST_CASE("gradients at hook points: a finite difference along a direction, and 
 }
 
 TEST_CASE("attribution patching: each estimate is the activation difference times the gradient, summed over what it patches") {
-  const auto model = induction_model(7);
-  const InductionTask task;
-  const Corruption corruption = *task_spec("induction").corruption;
+  const Induction setup(7);
+  const auto& [model, task, corruption] = setup;
   const Patching r = attribution_patch(*model, task, corruption,
                                        {.component = PatchComponent::z, .by_position = true, .noising = false, .sequences = 8});
   CHECK(r.attribution);

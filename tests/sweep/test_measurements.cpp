@@ -204,7 +204,7 @@ TEST_CASE("heads: each head's detector scores as inspect computes them, and each
   nlohmann::ordered_json run;
   measurement("heads").extras.at_end(run, m, *task, Sequences{});
   const analysis::Inspection in = analysis::inspect(m, *task, analysis::typical_input(*task));
-  for (const analysis::HeadKind kind : analysis::head_kinds()) {
+  for (const analysis::HeadKind kind : analysis::all_head_kinds) {
     const std::string name = analysis::head_kind_name(kind);
     double best = -1;
     std::size_t layer = 0, head = 0;
