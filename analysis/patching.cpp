@@ -103,9 +103,7 @@ namespace {
 // What patch and attribution_patch share: the checks, the clean batch and its corruption (as
 // ablate draws its first batch) with their padding masks, the component's point in each layer,
 // and the result's header.
-struct Setup {
-  tasks::Batch clean, corrupt;  // the corrupted batch is scored on the clean targets
-  MaskArray clean_mask, corrupt_mask;
+struct Setup : PatchPair {
   std::vector<std::string> points;
   Patching result;
 };
@@ -115,16 +113,7 @@ Setup prepare(const nn::Transformer& model, const tasks::Task& task, const tasks
   if ((c == PatchComponent::resid_mid || c == PatchComponent::mlp_out) && !model.blocks[0]->mlp)
     throw std::invalid_argument(fmt::format("patch: the component {} needs the MLP, and the model has none",
                                             patch_component_name(c)));
-  if (o.sequences == 0 || o.sequences > max_patch_sequences)
-    throw std::invalid_argument(
-        fmt::format("patch: {} sequences (1 to {}: they are one batch)", o.sequences, max_patch_sequences));
-  Setup s;
-  Generator gen = tasks::held_out_generator(o.seed), corrupt_gen(tasks::held_out_generator(o.seed).next_u64());
-  s.clean = task.sample(o.sequences, gen);
-  s.corrupt = s.clean;
-  s.corrupt.tokens = corruption.make(task, s.clean, corrupt_gen);
-  s.clean_mask = tasks::key_padding(model, task, s.clean.tokens, o.mask_padding);
-  s.corrupt_mask = tasks::key_padding(model, task, s.corrupt.tokens, o.mask_padding);
+  Setup s{patch_pair(model, task, corruption, o.sequences, o.seed, o.mask_padding), {}, {}};
   for (std::size_t l = 0; l < model.blocks.size(); ++l) s.points.push_back(hook_of(c, l));
   Patching& r = s.result;
   r.task = task.info().name;
@@ -140,11 +129,6 @@ Setup prepare(const nn::Transformer& model, const tasks::Task& task, const tasks
   return s;
 }
 
-PatchScore scored(const nn::Transformer& model, const nn::TransformerOutput& out, const tasks::Batch& batch) {
-  detail::Tally t;
-  t.add(model, out, batch, true);
-  return score_of(t);
-}
 
 // The heads and positions of a layer's activation of `shape` for the component: (heads, positions).
 std::pair<std::size_t, std::size_t> extent(PatchComponent c, const Shape& shape, bool by_position, std::size_t length) {
@@ -178,6 +162,27 @@ class KeepParameterGradients {
 };
 
 }  // namespace
+
+PatchPair patch_pair(const nn::Transformer& model, const tasks::Task& task, const tasks::Corruption& corruption,
+                     std::size_t sequences, std::uint64_t seed, bool mask_padding) {
+  if (sequences == 0 || sequences > max_patch_sequences)
+    throw std::invalid_argument(
+        fmt::format("patch: {} sequences (1 to {}: they are one batch)", sequences, max_patch_sequences));
+  PatchPair s;
+  Generator gen = tasks::held_out_generator(seed), corrupt_gen(tasks::held_out_generator(seed).next_u64());
+  s.clean = task.sample(sequences, gen);
+  s.corrupt = s.clean;
+  s.corrupt.tokens = corruption.make(task, s.clean, corrupt_gen);
+  s.clean_mask = tasks::key_padding(model, task, s.clean.tokens, mask_padding);
+  s.corrupt_mask = tasks::key_padding(model, task, s.corrupt.tokens, mask_padding);
+  return s;
+}
+
+PatchScore score_patch(const nn::Transformer& model, const nn::TransformerOutput& out, const tasks::Batch& batch) {
+  detail::Tally t;
+  t.add(model, out, batch, true);
+  return score_of(t);
+}
 
 ActivationGradients run_with_gradients(nn::Transformer& model, const IndexArray& tokens, const std::vector<std::string>& points,
                                        const std::function<Tensor(const nn::TransformerOutput&)>& scalar,
@@ -213,8 +218,8 @@ Patching patch(nn::Transformer& model, const tasks::Task& task, const tasks::Cor
   const DType dtype = model.tok.weight.dtype();
   const nn::ActivationCache clean_cache = model.run_with_cache(s.clean.tokens, s.points, s.clean_mask);
   const nn::ActivationCache corrupt_cache = model.run_with_cache(s.corrupt.tokens, s.points, s.corrupt_mask);
-  r.clean = scored(model, clean_cache.output, s.clean);
-  r.corrupted = scored(model, corrupt_cache.output, s.clean);
+  r.clean = score_patch(model, clean_cache.output, s.clean);
+  r.corrupted = score_patch(model, corrupt_cache.output, s.clean);
 
   // Noising runs the clean tokens with the corrupted activations; denoising the other way round.
   const tasks::Batch& run_batch = o.noising ? s.clean : s.corrupt;
@@ -229,7 +234,7 @@ Patching patch(nn::Transformer& model, const tasks::Task& task, const tasks::Cor
         const Array<double> mask = patch_mask(o.component, from.shape(), h, o.by_position ? std::optional(p) : std::nullopt);
         const Tensor take = Tensor(mask).to(dtype), keep = Tensor(Array<double>(1.0 - mask)).to(dtype);
         const nn::ForwardHook replace = [&](const Tensor& value, const std::string&) { return value * keep + from * take; };
-        r.patched.back()[h][p] = scored(model, model.run_with_hooks(run_batch.tokens, {{point, replace}}, false, run_mask), s.clean);
+        r.patched.back()[h][p] = score_patch(model, model.run_with_hooks(run_batch.tokens, {{point, replace}}, false, run_mask), s.clean);
       }
   }
   return r;
@@ -248,8 +253,8 @@ Patching attribution_patch(nn::Transformer& model, const tasks::Task& task, cons
   NoGradGuard no_grad;
   const nn::ActivationCache source = o.noising ? model.run_with_cache(s.corrupt.tokens, s.points, s.corrupt_mask)
                                                : model.run_with_cache(s.clean.tokens, s.points, s.clean_mask);
-  r.clean = scored(model, o.noising ? run.output : source.output, s.clean);
-  r.corrupted = scored(model, o.noising ? source.output : run.output, s.clean);
+  r.clean = score_patch(model, o.noising ? run.output : source.output, s.clean);
+  r.corrupted = score_patch(model, o.noising ? source.output : run.output, s.clean);
   const double base = o.noising ? r.clean.loss : r.corrupted.loss;
   for (const std::string& point : s.points) {
     const Array<double> from = source[point].to(DType::float64).value<double>();

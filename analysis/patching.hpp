@@ -56,6 +56,16 @@ struct PatchOptions {
   bool mask_padding = true;
 };
 
+// The batches patching compares: the task's held-out sequences of `seed` (one batch of
+// `sequences`) and their corruption, scored on the clean targets, each with its padding mask
+// (tasks::key_padding). std::invalid_argument for a count of 0 or past max_patch_sequences.
+struct PatchPair {
+  tasks::Batch clean, corrupt;
+  MaskArray clean_mask, corrupt_mask;
+};
+PatchPair patch_pair(const nn::Transformer& model, const tasks::Task& task, const tasks::Corruption& corruption,
+                     std::size_t sequences, std::uint64_t seed, bool mask_padding = true);
+
 // A run's three metrics on the scored positions: accuracy, mean loss, and the mean logit
 // difference (the target's logit minus the best other one).
 struct PatchScore {
@@ -88,6 +98,9 @@ struct ActivationGradients {
   nn::TransformerOutput output;
   nn::Activations activations, gradients;
 };
+// The metrics of a forward's output on `batch`'s targets.
+PatchScore score_patch(const nn::Transformer& model, const nn::TransformerOutput& out, const tasks::Batch& batch);
+
 ActivationGradients run_with_gradients(nn::Transformer& model, const IndexArray& tokens, const std::vector<std::string>& points,
                                        const std::function<Tensor(const nn::TransformerOutput&)>& scalar,
                                        const MaskArray& key_padding = MaskArray());

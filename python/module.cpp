@@ -38,6 +38,8 @@
 #include "qkv/report/ablate.hpp"
 #include "qkv/report/alignment.hpp"
 #include "qkv/report/inspect.hpp"
+#include "qkv/report/logit_attribution.hpp"
+#include "qkv/report/path_patching.hpp"
 #include "qkv/report/patching.hpp"
 #include "qkv/training/run_analysis.hpp"
 #include "qkv/nn/seq2seq.hpp"
@@ -926,6 +928,22 @@ PYBIND11_MODULE(_qkv, m) {
       "mlp_out, resid_post, q, k, v, pattern, z) at every layer and head, all positions at once or each apart, "
       "denoising (the corrupted run with clean activations) or noising; attribution: each patch's loss estimated to first "
       "order from the gradients (attribution patching)");
+  m.def(
+      "path_patch",
+      [](const std::string& dir, bool noising, std::size_t n, std::uint64_t seed) {
+        return python_of(report::to_json(training::path_patch_run(dir, {.noising = noising, .sequences = n, .seed = seed})));
+      },
+      py::arg("dir"), py::arg("noising") = false, py::arg("n") = 256, py::arg("seed") = 1,
+      "`qkv patch DIR --path --json`: path patching, each head's output reaching only the logits or one later head's "
+      "q, k or v, every other later head held");
+  m.def(
+      "logit_attribution",
+      [](const std::string& dir, std::size_t n, std::uint64_t seed) {
+        return python_of(report::to_json(training::logit_attribution_run(dir, {.sequences = n, .seed = seed}), dir));
+      },
+      py::arg("dir"), py::arg("n") = 256, py::arg("seed") = 1,
+      "`qkv attribute DIR --json`: direct logit attribution, each head's, MLP's and embedding's part of the logit "
+      "difference through the readout alone");
   m.def(
       "qk_circuit",
       [](const nn::Transformer& model, std::size_t layer, std::size_t head) {

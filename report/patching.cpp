@@ -13,11 +13,7 @@ using analysis::PatchScore;
 
 namespace {
 
-nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
 
-nlohmann::json score_json(const PatchScore& s) {
-  return {{"accuracy", finite_or_null(s.accuracy)}, {"loss", s.loss}, {"logit_diff", finite_or_null(s.logit_diff)}};
-}
 
 bool residual(const Patching& p) { return !analysis::per_head(analysis::patch_component(p.component)); }
 bool noising(const Patching& p) { return p.direction == "noising"; }
@@ -44,6 +40,14 @@ std::string where(const Patching& p, std::size_t l, std::size_t h, std::size_t p
 
 }  // namespace
 
+nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+
+nlohmann::json to_json(const PatchScore& s) {
+  return {{"accuracy", finite_or_null(s.accuracy)}, {"loss", s.loss}, {"logit_diff", finite_or_null(s.logit_diff)}};
+}
+
+std::string percent(double v) { return std::isfinite(v) ? fmt::format("{:.1f}%", 100 * v) : std::string("-"); }
+
 nlohmann::json to_json(const Patching& p) {
   nlohmann::json layers = nlohmann::json::array();
   for (std::size_t l = 0; l < p.patched.size(); ++l) {
@@ -51,7 +55,7 @@ nlohmann::json to_json(const Patching& p) {
     for (std::size_t h = 0; h < p.patched[l].size(); ++h) {
       nlohmann::json patched = nlohmann::json::array();
       for (const PatchScore& s : p.patched[l][h]) {
-        nlohmann::json j = score_json(s);
+        nlohmann::json j = to_json(s);
         j["loss_share"] = finite_or_null(Patching::share(s.loss, p.clean.loss, p.corrupted.loss, noising(p)));
         j["logit_diff_share"] = finite_or_null(Patching::share(s.logit_diff, p.clean.logit_diff, p.corrupted.logit_diff, noising(p)));
         patched.push_back(std::move(j));
@@ -71,8 +75,8 @@ nlohmann::json to_json(const Patching& p) {
           {"by_position", p.by_position},
           {"attribution", p.attribution},
           {"positions", p.positions},
-          {"clean", score_json(p.clean)},
-          {"corrupted", score_json(p.corrupted)},
+          {"clean", to_json(p.clean)},
+          {"corrupted", to_json(p.corrupted)},
           {"layers", std::move(layers)}};
 }
 
@@ -114,16 +118,22 @@ std::vector<std::pair<std::string, Heatmap>> patching_heatmaps(const Patching& p
   return out;
 }
 
-void print_patching(std::ostream& out, const Patching& p, bool color) {
-  const auto pct = [](double v) { return std::isfinite(v) ? fmt::format("{:.1f}%", 100 * v) : std::string("-"); };
-  const auto share = pct;
-  const auto signed_number = [](double v) { return std::isfinite(v) ? fmt::format("{:+.3f}", v) : std::string("-"); };
-  fmt::print(out, "{}: {} held-out sequences of {} (seed {}), {} tokens each\n", p.dir.empty() ? p.task : p.dir, p.sequences,
-             p.task, p.seed, p.length);
-  fmt::print(out, "clean:      accuracy {:>6}  loss {:.4f}  logit diff {:+.3f}\n", pct(p.clean.accuracy), p.clean.loss,
-             p.clean.logit_diff);
+void print_patch_runs(std::ostream& out, const std::string& dir, const std::string& task, std::size_t sequences,
+                      std::uint64_t seed, std::size_t length, const PatchScore& clean, const PatchScore& corrupted,
+                      const std::string& corruption) {
+  fmt::print(out, "{}: {} held-out sequences of {} (seed {}), {} tokens each\n", dir.empty() ? task : dir, sequences, task,
+             seed, length);
+  fmt::print(out, "clean:      accuracy {:>6}  loss {:.4f}  logit diff {:+.3f}\n", percent(clean.accuracy), clean.loss,
+             clean.logit_diff);
   fmt::print(out, "corrupted:  accuracy {:>6}  loss {:.4f}  logit diff {:+.3f}  ({}; scored on the clean answers)\n",
-             pct(p.corrupted.accuracy), p.corrupted.loss, p.corrupted.logit_diff, p.corruption);
+             percent(corrupted.accuracy), corrupted.loss, corrupted.logit_diff, corruption);
+}
+
+void print_patching(std::ostream& out, const Patching& p, bool color) {
+  const auto pct = percent;
+  const auto share = percent;
+  const auto signed_number = [](double v) { return std::isfinite(v) ? fmt::format("{:+.3f}", v) : std::string("-"); };
+  print_patch_runs(out, p.dir, p.task, p.sequences, p.seed, p.length, p.clean, p.corrupted, p.corruption);
   fmt::print(out, "{}{} {}{}: the {}; logit diff is the target's logit minus the best other one.\n",
              p.attribution ? "attribution patching, " : "", p.direction, p.component,
              p.by_position ? (p.component == "pattern" ? " by (query, key)" : " by position") : "", what_share(p));

@@ -20,6 +20,16 @@ using analysis::Patching;
 // [{accuracy, loss, logit_diff, loss_share, logit_diff_share}, … a position each]}]}]}; the
 // pattern's positions by position are query · length + key. A share that is not defined is null.
 nlohmann::json to_json(const Patching& patching);
+// {accuracy, loss, logit_diff}, null where not defined (attribution's estimates).
+nlohmann::json to_json(const analysis::PatchScore& score);
+// A number, or null where it is not finite (a share not defined).
+nlohmann::json finite_or_null(double value);
+// The header patching's tables start with: the sequences, then the clean and corrupted runs' metrics.
+void print_patch_runs(std::ostream& out, const std::string& dir, const std::string& task, std::size_t sequences,
+                      std::uint64_t seed, std::size_t length, const analysis::PatchScore& clean,
+                      const analysis::PatchScore& corrupted, const std::string& corruption);
+// A share as a percentage with one decimal, "-" where it is not defined.
+std::string percent(double share);
 
 // The share of the loss each patch restores (denoising) or brings (noising), as heatmaps: layers ×
 // heads for all positions at once; a row a layer (residual components) or head by position; and

@@ -241,18 +241,50 @@ analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64
   return a;
 }
 
-analysis::Patching patch_run(const std::string& dir, bool attribution, analysis::PatchOptions options) {
+namespace {
+
+// `analyse(model, task, corruption, options)` on a decoder-only run of a task with a corrupted
+// input, masking padding keys as the run trained; the result names the run.
+template <class Options, class Analyse>
+auto on_corrupted_run(const std::string& dir, const char* what, Options options, Analyse analyse) {
   const RunInfo run = open_run(dir);
-  const TrainOptions& o = options_of(run, "patching");
-  const DecoderRun r = decoder_run(run, "patching");
+  const TrainOptions& o = options_of(run, what);
+  const DecoderRun r = decoder_run(run, what);
   const std::optional<tasks::Corruption>& corruption = task_spec(o.task).corruption;
   if (!corruption)
     throw std::runtime_error(fmt::format("{}: the task {} has no corrupted input to patch from (induction has one)", dir, o.task));
   options.mask_padding = o.mask_padding;
-  analysis::Patching p = attribution ? analysis::attribution_patch(*r.model, *run.task, *corruption, options)
-                                     : analysis::patch(*r.model, *run.task, *corruption, options);
-  p.dir = dir;
-  return p;
+  auto result = analyse(*r.model, *run.task, *corruption, options);
+  result.dir = dir;
+  return result;
+}
+
+}  // namespace
+
+analysis::Patching patch_run(const std::string& dir, bool attribution, analysis::PatchOptions options) {
+  return on_corrupted_run(dir, "patching", options, [attribution](nn::Transformer& model, const tasks::Task& task,
+                                                                  const tasks::Corruption& corruption, const analysis::PatchOptions& o) {
+    return attribution ? analysis::attribution_patch(model, task, corruption, o) : analysis::patch(model, task, corruption, o);
+  });
+}
+
+analysis::PathPatching path_patch_run(const std::string& dir, analysis::PathPatchOptions options) {
+  return on_corrupted_run(dir, "path patching", options, [](nn::Transformer& model, const tasks::Task& task,
+                                                            const tasks::Corruption& corruption, const analysis::PathPatchOptions& o) {
+    return analysis::path_patch(model, task, corruption, o);
+  });
+}
+
+analysis::LogitAttribution logit_attribution_run(const std::string& dir, analysis::LogitAttributionOptions options) {
+  const RunInfo run = open_run(dir);
+  const TrainOptions& o = options_of(run, "logit attribution");
+  const DecoderRun r = decoder_run(run, "logit attribution");
+  if (r.model->config().readout != nn::Readout::token)
+    throw std::runtime_error(fmt::format("{}: the task {} reads out with the pointer readout (attention scores); direct logit "
+                                         "attribution needs the token readout",
+                                         dir, o.task));
+  options.mask_padding = o.mask_padding;
+  return analysis::logit_attribution(*r.model, *run.task, options);
 }
 
 analysis::Ablation ablate_run(const std::string& dir, const std::string& data) {

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/logit_attribution.hpp"
+#include "qkv/analysis/path_patching.hpp"
 #include "qkv/analysis/patching.hpp"
 #include "qkv/analysis/alignment.hpp"
 #include "qkv/analysis/inspect.hpp"
@@ -38,6 +40,11 @@ analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64
 // decoder-only run with its task's corruption, masking padding keys as the run trained. A task
 // without a corrupted input, a seq2seq run or a library program's run is refused, naming the run.
 analysis::Patching patch_run(const std::string& dir, bool attribution, analysis::PatchOptions options);
+// `qkv patch DIR --path`: analysis::path_patch on the run, with the same checks and refusals.
+analysis::PathPatching path_patch_run(const std::string& dir, analysis::PathPatchOptions options);
+// `qkv attribute DIR`: analysis::logit_attribution on a decoder-only run with the token readout
+// (std::runtime_error naming the run otherwise), masking padding keys as the run trained.
+analysis::LogitAttribution logit_attribution_run(const std::string& dir, analysis::LogitAttributionOptions options);
 
 // The same on the sequences of a data file (tasks::read_dataset: JSON lines of tokens and targets,
 // read as the run's tokens), for any decoder-only run, a library program's too: {task, dir, data,

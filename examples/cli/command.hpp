@@ -26,6 +26,7 @@ void add_train(CLI::App& app, Command& run);
 void add_eval(CLI::App& app, Command& run);
 void add_ablate(CLI::App& app, Command& run);
 void add_patch(CLI::App& app, Command& run);
+void add_attribute(CLI::App& app, Command& run);
 void add_generate(CLI::App& app, Command& run);
 void add_inspect(CLI::App& app, Command& run);
 void add_experiment(CLI::App& app, Command& run);

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "qkv " QKV_VERSION);
   app.require_subcommand(1);
   Command run;
-  for (const auto add : {add_gradcheck, add_tasks, add_train, add_eval, add_ablate, add_patch, add_generate, add_inspect, add_experiment,
+  for (const auto add : {add_gradcheck, add_tasks, add_train, add_eval, add_ablate, add_patch, add_attribute, add_generate, add_inspect, add_experiment,
                          add_sweep})
     add(app, run);
   try {

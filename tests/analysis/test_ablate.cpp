@@ -10,6 +10,8 @@
 #include "qkv/analysis/ablate.hpp"
 #include "qkv/report/ablate.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/analysis/logit_attribution.hpp"
+#include "qkv/analysis/path_patching.hpp"
 #include "qkv/analysis/patching.hpp"
 #include "qkv/report/inspect.hpp"
 #include "qkv/tasks/builtin.hpp"
@@ -280,5 +282,26 @@ TEST_CASE("ablate and inspect on the default induction model: a previous-token h
   CHECK(c.k > 1 / std::sqrt(32.0) + 0.05);
   CHECK(c.k > 2 * c.q);
   CHECK(c.k > 2 * c.v);
+
+  // Path patching says the same with the model run: of what L0H0's corrupted output brings into
+  // the clean run (its z noised, as above), most reaches L1H0 through its keys alone, and nearly
+  // none through its queries, its values or the logits straight.
+  const Patching z_noised = patch(*model, *task, *task_spec("induction").corruption,
+                                  {.component = PatchComponent::z, .noising = true, .sequences = 64});
+  const PathPatching paths = path_patch(*model, *task, *task_spec("induction").corruption, {.noising = true, .sequences = 64});
+  REQUIRE(paths.paths.size() == 5);  // L0H0 → logits, L1H0.q, .k, .v; L1H0 → logits
+  const auto share = [&](std::size_t i) { return paths.loss_share(paths.paths[i]); };
+  CHECK(paths.paths[2].input == "k");
+  CHECK(share(2) > 0.8 * z_noised.loss_share(0, 0, 0));
+  for (const std::size_t i : {0, 1, 3}) {
+    INFO(paths.paths[i].input);
+    CHECK(std::abs(share(i)) < 0.05);
+  }
+  CHECK(share(4) == Approx(z_noised.loss_share(1, 0, 0)).epsilon(1e-12));
+  // And the induction head writes the answer: nearly all of the logit difference is its direct
+  // part, next to none the previous-token head's.
+  const LogitAttribution dla = logit_attribution(*model, *task, {.sequences = 64});
+  CHECK(dla.heads[1][0] > 0.9 * dla.logit_diff);
+  CHECK(std::abs(dla.heads[0][0]) < 0.05 * dla.logit_diff);
   std::filesystem::remove_all(o.out);
 }

@@ -11,6 +11,7 @@
 #include "qkv/report/patching.hpp"
 #include "qkv/tasks/builtin.hpp"
 #include "qkv/tasks/evaluate.hpp"
+#include "tests/analysis/induction_setup.hpp"
 #include "tests/training/short_run.hpp"
 
 using namespace qkv;
@@ -21,41 +22,11 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// The induction model at init, two heads a layer, in float64, drawn from `seed`.
-std::unique_ptr<nn::Transformer> induction_model(std::uint64_t seed, bool mlp = false) {
-  nn::TransformerConfig c = default_options("induction").model;
-  c.heads = 2;
-  c.mlp = mlp;
-  c.dtype = DType::float64;
-  Generator gen(seed);
-  return std::make_unique<nn::Transformer>(c, gen);
-}
-
-// The induction model at init (induction_model), its task and the task's corruption.
-struct Induction {
-  explicit Induction(std::uint64_t seed) : model(induction_model(seed)) {}
-  std::unique_ptr<nn::Transformer> model;
-  InductionTask task;
-  Corruption corruption = *task_spec("induction").corruption;
-};
-
 // The batch patch draws (seed 1, `n` sequences) and its corruption, drawn apart.
 std::pair<Batch, IndexArray> drawn(const Task& task, std::size_t n) {
   Generator gen = held_out_generator(1), corrupt_gen(held_out_generator(1).next_u64());
   const Batch clean = task.sample(n, gen);
   return {clean, task_spec("induction").corruption->make(task, clean, corrupt_gen)};
-}
-
-PatchScore scored(const nn::Transformer& model, const nn::TransformerOutput& out, const Batch& batch) {
-  analysis::detail::Tally t;
-  t.add(model, out, batch, true);
-  return {t.accuracy(), t.loss(), t.logit_diff()};
-}
-
-void check_same(const PatchScore& a, const PatchScore& b) {
-  CHECK(a.accuracy == b.accuracy);
-  CHECK(a.loss == Approx(b.loss).epsilon(1e-12));
-  CHECK(a.logit_diff == Approx(b.logit_diff).epsilon(1e-12));
 }
 
 }  // namespace

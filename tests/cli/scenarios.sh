@@ -521,6 +521,34 @@ PY
     small_run other
     run "$qkv" patch other --component z
     expect 1 "other: the task brackets has no corrupted input to patch from"
+    # Path patching and direct logit attribution: their JSON adds up as the library's does.
+    json="$("$qkv" patch run --path --noising --n 32 --json)" || fail "patch --path --json"
+    python3 - "$json" <<'PY' || fail "patch --path --json: $json"
+import json, sys
+p = json.loads(sys.argv[1])
+assert p["direction"] == "noising"
+assert [(x["sender"], x["receiver"], x["input"]) for x in p["paths"]] == [
+    ("L0H0", "logits", "logits"), ("L0H0", "L1H0", "q"), ("L0H0", "L1H0", "k"), ("L0H0", "L1H0", "v"), ("L1H0", "logits", "logits")]
+for x in p["paths"]:
+    want = (x["loss"] - p["clean"]["loss"]) / (p["corrupted"]["loss"] - p["clean"]["loss"])
+    assert abs(x["loss_share"] - want) < 1e-12, (x, want)
+PY
+    "$qkv" patch run --path --n 16 | grep -q "^L0H0    L1H0      k " || fail "no L0H0 → L1H0 k row"
+    run "$qkv" patch run --path --by-position
+    expect 2 "--path excludes --by-position"
+    run "$qkv" patch run
+    expect 2 "--component or --path"
+    json="$("$qkv" attribute run --n 16 --json)" || fail "attribute --json"
+    python3 - "$json" <<'PY' || fail "attribute --json: $json"
+import json, sys
+a = json.loads(sys.argv[1])
+parts = a["embed"] + a["pos_embed"] + a["bias"] + sum(l["attention"] for l in a["layers"])
+assert abs(parts - a["logit_diff"]) < 1e-4 * max(1, abs(a["logit_diff"])), (parts, a["logit_diff"])
+for l in a["layers"]:
+    assert abs(l["attention"] - l["attn_bias"] - sum(h["logit_diff"] for h in l["heads"])) < 1e-9, l
+PY
+    run "$qkv" attribute other
+    expect 1 "other: the task brackets reads out with the pointer readout"
     ;;
   *)
     fail "no scenario '$scenario'"

@@ -262,6 +262,12 @@ def test_patch_is_the_programs_patching(tmp_path):
     assert patched["length"] == len(patched["positions"]) == len(patched["layers"][0]["heads"][0]["patched"])
     with pytest.raises(ValueError, match="no component 'values'"):
         qkv.patch(out, "values")
+    paths = qkv.path_patch(out, noising=True, n=16)
+    assert paths == program_json("patch", out, "--path", "--noising", "--n", "16", "--json")
+    assert [p["input"] for p in paths["paths"]] == ["logits", "q", "k", "v", "logits"]
+    attribution = qkv.logit_attribution(out, n=16)
+    assert attribution == program_json("attribute", out, "--n", "16", "--json")
+    assert abs(attribution["total"] - attribution["logit_diff"]) < 1e-4
 
 
 def test_a_built_in_task_samples_what_it_asks():
