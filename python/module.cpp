@@ -38,6 +38,7 @@
 #include "qkv/report/ablate.hpp"
 #include "qkv/report/alignment.hpp"
 #include "qkv/report/inspect.hpp"
+#include "qkv/report/across_training.hpp"
 #include "qkv/report/logit_attribution.hpp"
 #include "qkv/report/path_patching.hpp"
 #include "qkv/report/patching.hpp"
@@ -936,6 +937,15 @@ PYBIND11_MODULE(_qkv, m) {
       py::arg("dir"), py::arg("noising") = false, py::arg("n") = 256, py::arg("seed") = 1,
       "`qkv patch DIR --path --json`: path patching, each head's output reaching only the logits or one later head's "
       "q, k or v, every other later head held");
+  m.def(
+      "across_training",
+      [](const std::string& dir, std::size_t n, std::uint64_t seed) {
+        return python_of(report::to_json(training::across_training_run(dir, {.sequences = n, .seed = seed})));
+      },
+      py::arg("dir"), py::arg("n") = 64, py::arg("seed") = 1,
+      "`qkv inspect DIR --across-training --json`: every checkpoint the run kept (train(keep_checkpoints=\"log\")) "
+      "measured: held-out loss, in-context score, each head's σ, detectors, prefix matching, patching and direct logit "
+      "attribution, composition, and the step where each formed");
   m.def(
       "logit_attribution",
       [](const std::string& dir, std::size_t n, std::uint64_t seed) {

@@ -3,6 +3,8 @@
 #include <ostream>
 
 #include <fmt/format.h>
+
+#include "qkv/report/heatmap.hpp"
 #include <fmt/ostream.h>
 
 namespace qkv::report {
@@ -13,7 +15,7 @@ using namespace analysis;
 
 namespace {
 
-std::string head_name(const HeadAblation& h) { return fmt::format("L{}H{}", h.layer, h.head); }
+std::string head_name(const HeadAblation& h) { return head_label(h.layer, h.head); }
 
 nlohmann::json score_json(const AblationScore& s) { return {{"accuracy", s.accuracy}, {"loss", s.loss}}; }
 

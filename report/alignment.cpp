@@ -20,7 +20,6 @@ using namespace analysis;
 
 namespace {
 
-std::string head_label(std::size_t layer, std::size_t head) { return fmt::format("L{}H{}", layer, head); }
 
 std::string score_text(const std::optional<double>& v) { return v ? fmt::format("{:.3f}", *v) : "-"; }
 

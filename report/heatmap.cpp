@@ -14,6 +14,8 @@
 
 namespace qkv::report {
 
+std::string head_label(std::size_t layer, std::size_t head) { return fmt::format("L{}H{}", layer, head); }
+
 namespace {
 
 // The largest |value| (diverging) or value (weights) among finite entries; 0 when none.

@@ -10,6 +10,9 @@
 
 namespace qkv::report {
 
+// A head's name in every report: "L1H0".
+std::string head_label(std::size_t layer, std::size_t head);
+
 struct Heatmap {
   Array<double> values;  // (rows, cols); a non-finite entry is masked and drawn empty
   std::vector<std::string> rows, cols;  // labels, one per row and column

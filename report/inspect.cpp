@@ -158,7 +158,6 @@ std::vector<std::pair<std::string, Heatmap>> pictures(const Inspection& in, cons
   };
 }
 
-std::string short_name(std::size_t layer, std::size_t head) { return fmt::format("L{}H{}", layer, head); }
 
 // The composition table's rows, "L0H1 → L1H0", each kind's score, and the largest score's
 // kind and row; a line on what the scores mean.
@@ -171,7 +170,7 @@ constexpr const char* composition_kinds[] = {"Q", "K", "V"};
 std::vector<CompositionRow> composition_rows(const Inspection& in) {
   std::vector<CompositionRow> rows;
   for (const HeadComposition& x : in.composition)
-    rows.push_back({short_name(x.from_layer, x.from_head), short_name(x.to_layer, x.to_head), {x.q, x.k, x.v}});
+    rows.push_back({head_label(x.from_layer, x.from_head), head_label(x.to_layer, x.to_head), {x.q, x.k, x.v}});
   return rows;
 }
 
@@ -255,7 +254,7 @@ nlohmann::json to_json(const Inspection& in) {
   if (!in.target_name.empty()) input[in.target_name + "_attention"] = target_weights;
   nlohmann::json composition = nlohmann::json::array();
   for (const HeadComposition& x : in.composition)
-    composition.push_back({{"from", short_name(x.from_layer, x.from_head)}, {"to", short_name(x.to_layer, x.to_head)},
+    composition.push_back({{"from", head_label(x.from_layer, x.from_head)}, {"to", head_label(x.to_layer, x.to_head)},
                            {"from_layer", x.from_layer}, {"from_head", x.from_head}, {"to_layer", x.to_layer},
                            {"to_head", x.to_head}, {"q", x.q}, {"k", x.k}, {"v", x.v}});
   return {{"task", in.task},
@@ -310,7 +309,7 @@ void print_report(std::ostream& out, const Inspection& in, bool color) {
     out << "\n" << detection_legend(in) << "\nhead   previous  duplicate  induction\n";
     for (const auto& heads : in.layers)
       for (const HeadInspection& h : heads)
-        out << fmt::format("{:<5}  {:>8.3f}  {:>9.3f}  {:>9.3f}\n", short_name(h.layer, h.head), h.detection.previous_token,
+        out << fmt::format("{:<5}  {:>8.3f}  {:>9.3f}  {:>9.3f}\n", head_label(h.layer, h.head), h.detection.previous_token,
                            h.detection.duplicate_token, h.detection.induction);
   }
 
@@ -424,11 +423,11 @@ std::vector<std::pair<std::string, std::string>> training_charts(const TrainingH
   for (const auto& snap : h.snapshots) {
     for (std::size_t l = 0; l < snap.sigma.size(); ++l)
       for (std::size_t k = 0; k < snap.sigma[l].size(); ++k) {
-        add("σ of the QK circuit", short_name(l, k), snap.step, snap.sigma[l][k]);
-        if (snap.score_asymmetry[l][k]) add("score asymmetry on the input", short_name(l, k), snap.step, *snap.score_asymmetry[l][k]);
+        add("σ of the QK circuit", head_label(l, k), snap.step, snap.sigma[l][k]);
+        if (snap.score_asymmetry[l][k]) add("score asymmetry on the input", head_label(l, k), snap.step, *snap.score_asymmetry[l][k]);
       }
     for (const HeadComposition& c : snap.composition) {
-      const std::string pair = short_name(c.from_layer, c.from_head) + "→" + short_name(c.to_layer, c.to_head);
+      const std::string pair = head_label(c.from_layer, c.from_head) + "→" + head_label(c.to_layer, c.to_head);
       add("composition", pair + " Q", snap.step, c.q);
       add("composition", pair + " K", snap.step, c.k);
       add("composition", pair + " V", snap.step, c.v);
@@ -471,8 +470,8 @@ std::vector<std::pair<std::string, Heatmap>> steps_pictures(const Inspection& in
     std::vector<std::string> names;
     for (std::int64_t t : snap.input)
       names.push_back(t >= 0 && std::size_t(t) < in.vocabulary.size() ? in.vocabulary[std::size_t(t)] : "?");
-    out.emplace_back(fmt::format("{}-step-{}", short_name(layer, head), snap.step),
-                     attention_map(snap.attention[layer][head], names, fmt::format("{} at step {}", short_name(layer, head), snap.step)));
+    out.emplace_back(fmt::format("{}-step-{}", head_label(layer, head), snap.step),
+                     attention_map(snap.attention[layer][head], names, fmt::format("{} at step {}", head_label(layer, head), snap.step)));
   }
   return out;
 }
@@ -554,7 +553,7 @@ which the mask hides.</p></div>
     s += "<table><tr><th>head</th><th>previous</th><th>duplicate</th><th>induction</th></tr>\n";
     for (const auto& heads : in.layers)
       for (const HeadInspection& h : heads)
-        s += fmt::format("<tr><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td></tr>\n", short_name(h.layer, h.head),
+        s += fmt::format("<tr><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td></tr>\n", head_label(h.layer, h.head),
                          h.detection.previous_token, h.detection.duplicate_token, h.detection.induction);
     s += "</table>\n";
   }
@@ -565,7 +564,7 @@ which the mask hides.</p></div>
   s += "<h2>The heads</h2>\n<nav class=\"heads\">";
   for (const auto& heads : in.layers) {
     s += fmt::format("<span>layer {}:", heads.at(0).layer);
-    for (const HeadInspection& h : heads) s += fmt::format(" <a href=\"#{0}\">{0}</a>", short_name(h.layer, h.head));
+    for (const HeadInspection& h : heads) s += fmt::format(" <a href=\"#{0}\">{0}</a>", head_label(h.layer, h.head));
     s += "</span> ";
   }
   s += "</nav>\n<noscript><p>The pictures are drawn by the page's script; <code>qkv inspect --svg DIR</code> writes them "
@@ -574,7 +573,7 @@ which the mask hides.</p></div>
   PicturePack pack;
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
-      s += fmt::format("<section class=\"head\" id=\"{}\"{}>\n<h2>{}</h2>\n<p>", short_name(h.layer, h.head),
+      s += fmt::format("<section class=\"head\" id=\"{}\"{}>\n<h2>{}</h2>\n<p>", head_label(h.layer, h.head),
                        h.layer + h.head == 0 ? "" : " hidden", head_name(h));
       for (std::size_t m = 0; m < 4; ++m)
         s += fmt::format("{}{} {} (‖·‖ {:.3g})", m ? ", " : "", matrix_names[m], shape_text(h.shapes[m]), h.norms[m]);
@@ -611,7 +610,7 @@ std::vector<std::string> write_svgs(const Inspection& in, const std::string& dir
   std::vector<std::pair<std::string, std::string>> svgs;
   for (const auto& heads : in.layers)
     for (const HeadInspection& h : heads) {
-      for (const auto& [name, map] : pictures(in, h)) svgs.emplace_back(short_name(h.layer, h.head) + "-" + name, heatmap_svg(map));
+      for (const auto& [name, map] : pictures(in, h)) svgs.emplace_back(head_label(h.layer, h.head) + "-" + name, heatmap_svg(map));
       for (const auto& [name, map] : steps_pictures(in, h.layer, h.head)) svgs.emplace_back(name, heatmap_svg(map));
     }
   for (auto& chart : training_charts(in.history)) svgs.push_back(std::move(chart));

@@ -4,6 +4,8 @@
 #include <ostream>
 
 #include <fmt/format.h>
+
+#include "qkv/report/heatmap.hpp"
 #include <fmt/ostream.h>
 
 namespace qkv::report {
@@ -41,7 +43,7 @@ void print_logit_attribution(std::ostream& out, const LogitAttribution& a, const
   row("token embedding", a.embed);
   row("position embedding", a.pos_embed);
   for (std::size_t l = 0; l < a.heads.size(); ++l) {
-    for (std::size_t h = 0; h < a.heads[l].size(); ++h) row(fmt::format("L{}H{}", l, h), a.heads[l][h]);
+    for (std::size_t h = 0; h < a.heads[l].size(); ++h) row(head_label(l, h), a.heads[l][h]);
     row(fmt::format("L{} attention bias", l), a.attn_bias[l]);
     row(fmt::format("L{} attention", l), a.attention(l));
     if (!a.mlp.empty()) row(fmt::format("L{} MLP", l), a.mlp[l]);

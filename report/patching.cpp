@@ -19,7 +19,7 @@ bool residual(const Patching& p) { return !analysis::per_head(analysis::patch_co
 bool noising(const Patching& p) { return p.direction == "noising"; }
 
 std::string row_name(const Patching& p, std::size_t l, std::size_t h) {
-  return residual(p) ? fmt::format("L{}", l) : fmt::format("L{}H{}", l, h);
+  return residual(p) ? fmt::format("L{}", l) : head_label(l, h);
 }
 
 std::string what_share(const Patching& p) {

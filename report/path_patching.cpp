@@ -4,6 +4,8 @@
 #include <ostream>
 
 #include <fmt/format.h>
+
+#include "qkv/report/heatmap.hpp"
 #include <fmt/ostream.h>
 
 #include "qkv/report/patching.hpp"
@@ -14,9 +16,9 @@ using analysis::PathPatching;
 
 namespace {
 
-std::string sender_of(const PathPatching::Path& p) { return fmt::format("L{}H{}", p.sender_layer, p.sender_head); }
+std::string sender_of(const PathPatching::Path& p) { return head_label(p.sender_layer, p.sender_head); }
 std::string receiver_of(const PathPatching::Path& p) {
-  return p.input == "logits" ? std::string("logits") : fmt::format("L{}H{}", p.receiver_layer, p.receiver_head);
+  return p.input == "logits" ? std::string("logits") : head_label(p.receiver_layer, p.receiver_head);
 }
 double logit_diff_share(const PathPatching& r, const PathPatching::Path& p) {
   return analysis::Patching::share(p.patched.logit_diff, r.clean.logit_diff, r.corrupted.logit_diff, r.direction == "noising");

@@ -21,6 +21,9 @@ struct TrainOptions {
   // With N > 0, OUT/snapshots.jsonl keeps what the heads look like along training (report/snapshots.hpp)
   // at step 0, the log-spaced steps 10, 20, 30, 50, 100, … below N, every N steps and the last.
   std::size_t snapshot_every = 0;
+  // "log" or "every:N": OUT/checkpoints/ keeps the model's weights along training
+  // (training/kept_checkpoints.hpp); "" keeps none.
+  std::string keep_checkpoints;
   std::size_t threads = 1;             // recorded; the caller sets them (set_num_threads)
   // Bidirectional layers mask the padding keys (key_padding). Runs written before it was recorded
   // trained without, and are read back so.

@@ -13,6 +13,7 @@
 #include "qkv/nn/detail/transformer_json.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/tasks/registry.hpp"
+#include "qkv/training/kept_checkpoints.hpp"
 
 namespace qkv::training {
 
@@ -28,7 +29,8 @@ nlohmann::json model_json(const TrainOptions& o) {
 nlohmann::json config_json(const TrainOptions& o) {
   return {{"task", o.task}, {"n", o.n}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
           {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
-          {"checkpoint_every", o.checkpoint_every}, {"snapshot_every", o.snapshot_every}, {"threads", o.threads}, {"blas", o.blas},
+          {"checkpoint_every", o.checkpoint_every}, {"snapshot_every", o.snapshot_every},
+          {"keep_checkpoints", o.keep_checkpoints}, {"threads", o.threads}, {"blas", o.blas},
           {"mask_padding", o.mask_padding},
           {"model", model_json(o)}, {"tokens", token_names(*make_task(o.task, o.n))}};
 }
@@ -98,6 +100,7 @@ void check_seq2seq_options(const TrainOptions& o, const TaskInfo& info) {
   refuse("model.causal_layers", !m.causal || !m.causal_layers.empty(),
          "attends bidirectionally in the encoder and causally in the decoder");
   refuse("snapshot_every", o.snapshot_every != 0, "snapshots do not follow (they follow decoder-only models)");
+  refuse("keep_checkpoints", !o.keep_checkpoints.empty(), "inspect --across-training does not read (it reads decoder-only models)");
   try {
     nn::check(encoder_decoder_config(o));
   } catch (const nn::ConfigError& e) {
@@ -152,6 +155,7 @@ void check_options(const TrainOptions& o) {
   } catch (const nn::ConfigError& e) {
     throw OptionError("model." + e.field, e.what());
   }
+  check_kept_checkpoints(o);
 }
 
 std::string config_text(const TrainOptions& o) { return config_json(o).dump(2) + "\n"; }
@@ -184,6 +188,14 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   // Absent from runs written before they were recorded.
   if (r.has("checkpoint_every")) o.checkpoint_every = r.count("checkpoint_every", 1, max_steps);
   if (r.has("snapshot_every")) o.snapshot_every = r.count("snapshot_every", 0, max_steps);
+  if (r.has("keep_checkpoints")) {
+    o.keep_checkpoints = r.text("keep_checkpoints");
+    try {
+      keep_schedule(o.keep_checkpoints);
+    } catch (const OptionError& e) {
+      r.fail_at("keep_checkpoints", "{}", e.what());
+    }
+  }
   if (r.has("threads")) o.threads = r.count("threads", 1, max_threads);
   if (r.has("blas")) o.blas = r.text("blas");
   o.mask_padding = r.has("mask_padding") && r.flag("mask_padding");  // older runs trained without

@@ -9,11 +9,13 @@
 #include "qkv/analysis/history.hpp"
 #include "qkv/core/shape.hpp"
 #include "qkv/nn/detail/json.hpp"
+#include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/tasks/vocabulary_task.hpp"
+#include "qkv/training/kept_checkpoints.hpp"
 #include "qkv/training/options.hpp"
 #include "qkv/training/run_folder.hpp"
 
@@ -285,6 +287,24 @@ analysis::LogitAttribution logit_attribution_run(const std::string& dir, analysi
                                          dir, o.task));
   options.mask_padding = o.mask_padding;
   return analysis::logit_attribution(*r.model, *run.task, options);
+}
+
+analysis::AcrossTraining across_training_run(const std::string& dir, analysis::MeasureOptions options) {
+  const RunInfo run = open_run(dir);
+  const TrainOptions& o = options_of(run, "inspect --across-training");
+  const DecoderRun r = decoder_run(run, "inspect --across-training");
+  const auto kept = kept_checkpoints(dir);
+  if (kept.empty())
+    throw std::runtime_error(fmt::format("{}: the run kept no checkpoints along training (train it with --keep-checkpoints "
+                                         "log or every:N)",
+                                         dir));
+  options.mask_padding = o.mask_padding;
+  analysis::AcrossTraining a{.task = o.task, .dir = dir, .sequences = options.sequences, .seed = options.seed, .checkpoints = {}};
+  for (const auto& [step, path] : kept) {
+    nn::load_weights(nn::load_safetensors(path), path, *r.model);
+    a.checkpoints.push_back(analysis::measure_checkpoint(*r.model, *run.task, task_spec(o.task).corruption, step, options));
+  }
+  return a;
 }
 
 analysis::Ablation ablate_run(const std::string& dir, const std::string& data) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/across_training.hpp"
 #include "qkv/analysis/logit_attribution.hpp"
 #include "qkv/analysis/path_patching.hpp"
 #include "qkv/analysis/patching.hpp"
@@ -45,6 +46,11 @@ analysis::PathPatching path_patch_run(const std::string& dir, analysis::PathPatc
 // `qkv attribute DIR`: analysis::logit_attribution on a decoder-only run with the token readout
 // (std::runtime_error naming the run otherwise), masking padding keys as the run trained.
 analysis::LogitAttribution logit_attribution_run(const std::string& dir, analysis::LogitAttributionOptions options);
+// `qkv inspect DIR --across-training`: analysis::measure_checkpoint at each checkpoint the run kept
+// (train --keep-checkpoints), patching where the task has a corrupted input, masking padding keys
+// as the run trained. std::runtime_error naming the run when it kept none, or naming the file
+// when one does not fit the run's model.
+analysis::AcrossTraining across_training_run(const std::string& dir, analysis::MeasureOptions options = {});
 
 // The same on the sequences of a data file (tasks::read_dataset: JSON lines of tokens and targets,
 // read as the run's tokens), for any decoder-only run, a library program's too: {task, dir, data,

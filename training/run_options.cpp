@@ -117,6 +117,10 @@ const std::vector<RunOption>& run_option_table() {
       count("snapshot-every", 1, max_steps,
             "Keep the heads' circuits and attention in snapshots.jsonl: at step 0, steps 10, 20, 30, 50, 100, ... "
             "below N, every N steps and at the end"),
+      {.name = "keep-checkpoints",
+       .kind = Kind::schedule,
+       .help = "Keep the model's weights along training in OUT/checkpoints/ for inspect --across-training: log (at "
+               "step 0, ten steps a decade from 10: 10, 13, 16, 20, 25, ..., and the last) or every:N"},
   };
   return table;
 }
@@ -152,6 +156,14 @@ std::string refusal(const RunOption& option, const nlohmann::json& value) {
         return e.what();
       }
       return "";
+    case Kind::schedule:
+      if (!value.is_string()) return fmt::format("must be log or every:N, got '{}'", value_text(value));
+      try {
+        keep_schedule(value.get<std::string>());
+      } catch (const std::invalid_argument& e) {
+        return e.what();
+      }
+      return "";
   }
   return "";
 }
@@ -172,6 +184,7 @@ nlohmann::json normalized_value(const RunOption& option, const nlohmann::json& v
       return *flag_of(value);
     case Kind::choice:
     case Kind::masks:
+    case Kind::schedule:
       return value;
   }
   return value;
@@ -214,6 +227,7 @@ TrainOptions run_options(const std::string& task, const nlohmann::json& given) {
   set("warmup", o.warmup);
   set("checkpoint-every", o.checkpoint_every);
   set("snapshot-every", o.snapshot_every);
+  if (has("keep-checkpoints")) o.keep_checkpoints = values.at("keep-checkpoints").get<std::string>();
   if (has("seed")) o.seed = *count_of(values.at("seed"));
   if (has("lr")) o.lr = *number_of(values.at("lr"));
   if (has("qk")) o.model.qk = *nn::from_name(nn::all_qk, values.at("qk").get<std::string>());
@@ -232,7 +246,7 @@ TrainOptions run_options(const std::string& task, const nlohmann::json& given) {
 std::string option_of_field(const std::string& field) {
   static const std::map<std::string, std::string> options = {
       {"steps", "steps"},           {"batch", "batch"},           {"warmup", "warmup"},           {"lr", "lr"},
-      {"threads", "threads"},       {"checkpoint_every", "checkpoint-every"}, {"snapshot_every", "snapshot-every"},
+      {"threads", "threads"},       {"checkpoint_every", "checkpoint-every"}, {"snapshot_every", "snapshot-every"}, {"keep_checkpoints", "keep-checkpoints"},
       {"model.layers", "layers"},   {"model.d_model", "d-model"}, {"model.heads", "heads"},
       {"model.d_head", "d-head"},   {"model.kv_heads", "kv-heads"}, {"n", "n"},
       {"model.max_len", "max-len"}, {"model.causal_layers", "attention"}, {"encoder_layers", "encoder-layers"},

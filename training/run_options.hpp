@@ -24,6 +24,7 @@ struct RunOption {
     choice,  // one of `choices`
     flag,    // true or false
     masks,   // --attention: causal or bidirectional, or one per layer, comma-separated
+    schedule,  // --keep-checkpoints: log or every:N (kept_checkpoints.hpp)
   };
   std::string name;  // the long option without its dashes: "d-model"
   Kind kind = Kind::count;

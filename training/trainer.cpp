@@ -32,6 +32,7 @@
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/training/checkpoint.hpp"
+#include "qkv/training/kept_checkpoints.hpp"
 #include "qkv/training/memory.hpp"
 #include "qkv/training/metrics_log.hpp"
 #include "qkv/training/options.hpp"
@@ -149,6 +150,8 @@ TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator
     nn::write_atomically(folder.path() + "/config.json", config_text(o));
   }
   MetricsLog metrics(metrics_file, !o.resume);
+  const std::optional<KeepSchedule> keep = keep_schedule(o.keep_checkpoints);
+  if (keep) remove_partial_kept(folder.path());
   std::optional<MetricsLog> snapshots;
   std::optional<Snapshots> snapshot;
   if (o.snapshot_every) {  // check_options allows them for decoder-only models
@@ -162,8 +165,10 @@ TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator
   const auto elapsed = [&] { return since(start) - observing; };
   const auto observed = [&](std::size_t step) {
     const auto t = std::chrono::steady_clock::now();
-    if constexpr (decoder_only)
+    if constexpr (decoder_only) {
       if (snapshot && snapshot->due(step)) snapshots->write(snapshot->take(step, model).dump());
+      if (keep && keep->due(step, o.steps)) keep_checkpoint(folder.path(), step, model);
+    }
     if (observe) observe(step, model);
     observing += since(t);
   };

@@ -1,5 +1,6 @@
 // qkv inspect DIR [--input TEXT] [--json] [--html FILE] [--svg DIR]: what the heads of a trained
-// run learned, as tables and heatmaps, JSON, an HTML page or SVG files.
+// run learned, as tables and heatmaps, JSON, an HTML page or SVG files; with --across-training,
+// measured at each checkpoint the run kept.
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -8,7 +9,9 @@
 
 #include "examples/cli/command.hpp"
 #include "qkv/nn/files.hpp"
+#include "qkv/report/across_training.hpp"
 #include "qkv/report/alignment.hpp"
+#include "qkv/report/heatmap.hpp"
 #include "qkv/report/inspect.hpp"
 #include "qkv/training/run_analysis.hpp"
 
@@ -18,8 +21,20 @@ namespace {
 
 struct InspectArgs {
   std::string dir, input, html, svg;
-  bool json = false;
+  bool json = false, across_training = false;
 };
+
+// --across-training: the kept checkpoints' measures as JSON, SVG charts or tables.
+int across_training(const InspectArgs& a) {
+  const analysis::AcrossTraining across = training::across_training_run(a.dir);
+  if (!a.svg.empty()) {
+    const auto files = report::write_svg_files(a.svg, report::across_training_charts(across));
+    fmt::print(stderr, "qkv inspect: wrote {} SVG files to {}\n", files.size(), a.svg);
+  }
+  if (a.json) fmt::print("{}\n", report::to_json(across).dump());
+  else if (a.svg.empty()) report::print_across_training(std::cout, across);
+  return 0;
+}
 
 // Writes the report of an inspection as --html, --svg and --json ask, or prints it.
 template <class Inspection>
@@ -42,6 +57,7 @@ int show(const InspectArgs& a, const Inspection& in) {
 }
 
 int run_inspect(const InspectArgs& a) {
+  if (a.across_training) return across_training(a);
   const training::RunInfo run = training::open_run(a.dir);
   std::optional<std::vector<std::int64_t>> input;
   if (a.input.empty() && run.library_run())
@@ -64,10 +80,15 @@ void add_inspect(CLI::App& app, Command& run) {
   auto a = std::make_shared<InspectArgs>();
   auto* sub = app.add_subcommand("inspect", "Show what W_q, W_k and W_v of a trained run learned");
   sub->add_option("DIR", a->dir, "Run folder (as qkv train --out)")->required();
-  sub->add_option("--input", a->input, "A sequence of the task (default: a typical one)");
+  auto* input = sub->add_option("--input", a->input, "A sequence of the task (default: a typical one)");
   sub->add_flag("--json", a->json, "Print the numbers as one JSON object");
-  sub->add_option("--html", a->html, "Write a self-contained HTML page of heatmaps to this file");
+  auto* html = sub->add_option("--html", a->html, "Write a self-contained HTML page of heatmaps to this file");
   sub->add_option("--svg", a->svg, "Write each heatmap as an SVG file into this folder");
+  sub->add_flag("--across-training", a->across_training,
+                "Measure every checkpoint the run kept (train --keep-checkpoints): held-out loss, in-context score, each "
+                "head's σ, detectors, prefix matching, patching and direct logit attribution, composition")
+      ->excludes(input)
+      ->excludes(html);
   sub->callback([&run, a] { run = [a] { return run_inspect(*a); }; });
 }
 

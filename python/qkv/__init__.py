@@ -10,15 +10,16 @@ Arrays qkv returns share the tensors' memory and are read-only; an array qkv ret
 in (a hook's replacement) as the same tensor, without a copy. Errors are ValueError for bad
 arguments and options, OSError for run folders and files, each with the library's message.
 """
-from ._qkv import (EncoderDecoder, Hook, Task, Transformer, __version__, ablate, antisymmetry, composition_score,
-                   detect_heads, evaluate, inspect, load_run, logit_attribution, ov_circuit, patch, path_patch,
-                   position_table, qk_circuit, register_task, report_html, score_asymmetry, spectrum, sweep,
-                   sweep_results, symmetric_share, task, tasks, token_table, train)
+from ._qkv import (EncoderDecoder, Hook, Task, Transformer, __version__, ablate, across_training, antisymmetry,
+                   composition_score, detect_heads, evaluate, inspect, load_run, logit_attribution, ov_circuit,
+                   patch, path_patch, position_table, qk_circuit, register_task, report_html, score_asymmetry,
+                   spectrum, sweep, sweep_results, symmetric_share, task, tasks, token_table, train)
 
-__all__ = ["EncoderDecoder", "Hook", "Task", "Transformer", "__version__", "ablate", "antisymmetry",
-           "composition_score", "detect_heads", "evaluate", "inspect", "load_run", "logit_attribution", "ov_circuit",
-           "patch", "path_patch", "position_table", "qk_circuit", "register_task", "report_html", "score_asymmetry",
-           "spectrum", "sweep", "sweep_results", "symmetric_share", "task", "tasks", "to_torch", "token_table", "train"]
+__all__ = ["EncoderDecoder", "Hook", "Task", "Transformer", "__version__", "ablate", "across_training",
+           "antisymmetry", "composition_score", "detect_heads", "evaluate", "inspect", "load_run",
+           "logit_attribution", "ov_circuit", "patch", "path_patch", "position_table", "qk_circuit", "register_task",
+           "report_html", "score_asymmetry", "spectrum", "sweep", "sweep_results", "symmetric_share", "task",
+           "tasks", "to_torch", "token_table", "train"]
 
 
 def to_torch(model):

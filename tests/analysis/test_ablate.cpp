@@ -8,6 +8,8 @@
 #include <xtensor/xview.hpp>
 
 #include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/across_training.hpp"
+#include "qkv/training/run_analysis.hpp"
 #include "qkv/report/ablate.hpp"
 #include "qkv/analysis/inspect.hpp"
 #include "qkv/analysis/logit_attribution.hpp"
@@ -182,6 +184,7 @@ TEST_CASE("ablate: mean ablation puts each position's own mean in place of the h
 TEST_CASE("ablate and inspect on the default induction model: a previous-token head and an induction head, each needed, joined by K-composition") {
   TrainOptions o = default_options("induction");
   o.out = temp_folder("ablate_induction");
+  o.keep_checkpoints = "log";
   std::filesystem::remove_all(o.out);
   std::ostringstream progress;
   train(o, progress, false);
@@ -303,5 +306,34 @@ TEST_CASE("ablate and inspect on the default induction model: a previous-token h
   const LogitAttribution dla = logit_attribution(*model, *task, {.sequences = 64});
   CHECK(dla.heads[1][0] > 0.9 * dla.logit_diff);
   CHECK(std::abs(dla.heads[0][0]) < 0.05 * dla.logit_diff);
+
+  // Across training: the last kept checkpoint is this model, measured on the same 64 sequences;
+  // each head's role is the one named above, and the previous-token head, the induction head, their
+  // K-composition and the in-context score form together, after step 0 and before the end.
+  const AcrossTraining across = training::across_training_run(o.out);
+  const CheckpointMeasures& now = across.checkpoints.back();
+  CHECK(now.step == o.steps);
+  CHECK(*now.heads[0][0].noising_share == z_noised.loss_share(0, 0, 0));
+  CHECK(*now.heads[1][0].logit_attribution == dla.heads[1][0]);
+  // The next-token loss late in the sequences (the second copy) falls to a fraction of its value at
+  // init; early (the first copy, which the task never scores) it does not fall.
+  const InContext& init_ic = *across.checkpoints.front().in_context;
+  CHECK(std::abs(init_ic.score()) < 0.5);
+  CHECK(now.in_context->late < 0.25 * init_ic.late);
+  CHECK(now.in_context->early > init_ic.early);
+  CHECK(now.in_context->score() < -3);
+  CHECK(now.heads[1][0].prefix_matching > 0.5);
+  const Formation formed = formation(across);
+  REQUIRE(formed.heads.size() == 2);
+  CHECK(formed.heads[0].role == HeadKind::previous_token);
+  CHECK(formed.heads[1].role == HeadKind::induction);
+  const std::vector<std::size_t> steps = {*formed.heads[0].step, *formed.heads[1].step, *formed.composition[0].step,
+                                          *formed.in_context, *formed.loss};
+  INFO("previous-token " << steps[0] << ", induction " << steps[1] << ", K-composition " << steps[2] << ", in-context "
+                         << steps[3] << ", loss " << steps[4]);
+  const auto [first, last] = std::minmax_element(steps.begin(), steps.end());
+  CHECK(*first > 0);
+  CHECK(*last < o.steps);
+  CHECK(*last <= 2 * *first);  // within a factor of two of each other
   std::filesystem::remove_all(o.out);
 }

@@ -550,6 +550,39 @@ PY
     run "$qkv" attribute other
     expect 1 "other: the task brackets reads out with the pointer readout"
     ;;
+  across-training)  # checkpoints kept along training, measured at each: the library's numbers; bad schedules refused
+    "$qkv" train induction --out run --steps 200 --keep-checkpoints log >/dev/null 2>&1 || fail "the kept run did not train"
+    ls run/checkpoints >kept.txt
+    [ "$(tr '\n' ' ' <kept.txt)" = "step-00000000.safetensors step-00000010.safetensors step-00000013.safetensors step-00000016.safetensors step-00000020.safetensors step-00000025.safetensors step-00000032.safetensors step-00000040.safetensors step-00000050.safetensors step-00000063.safetensors step-00000079.safetensors step-00000100.safetensors step-00000126.safetensors step-00000158.safetensors step-00000200.safetensors " ] \
+      || fail "kept: $(cat kept.txt)"
+    json="$("$qkv" inspect run --across-training --json)" || fail "inspect --across-training --json"
+    python3 - "$json" <<'PY' || fail "inspect --across-training --json: $json"
+import json, sys
+a = json.loads(sys.argv[1])
+steps = [c["step"] for c in a["checkpoints"]]
+assert steps == [0, 10, 13, 16, 20, 25, 32, 40, 50, 63, 79, 100, 126, 158, 200], steps
+for c in a["checkpoints"]:
+    ic = c["in_context"]
+    assert abs(ic["score"] - (ic["late"] - ic["early"])) < 1e-12, ic
+    assert [(h["layer"], h["head"]) for h in c["heads"]] == [(0, 0), (1, 0)]
+    assert all(0 <= h["induction"] <= 1 and h["noising_share"] is not None for h in c["heads"]), c["heads"]
+assert [h["head"] for h in a["half_way"]["heads"]] == ["L0H0", "L1H0"]
+PY
+    "$qkv" inspect run --across-training >text.txt || fail "inspect --across-training"
+    grep -q "when each part formed" text.txt || fail "no formation lines: $(cat text.txt)"
+    "$qkv" inspect run --across-training --svg pictures 2>/dev/null || fail "inspect --across-training --svg"
+    [ -s pictures/across-training.svg ] && [ -s pictures/across-training-heads.svg ] || fail "no charts: $(ls pictures)"
+    run "$qkv" train induction --out other --steps 20 --keep-checkpoints every:0
+    expect 2 "--keep-checkpoints: is 'every:0': it must be log or every:N"
+    [ ! -e other ] || fail "a refused run made its folder"
+    run "$qkv" train induction --out other --steps 2000 --keep-checkpoints every:1
+    expect 2 "keeps 2001 checkpoints"
+    small_run other
+    run "$qkv" inspect other --across-training
+    expect 1 "other: the run kept no checkpoints along training"
+    run "$qkv" inspect run --across-training --input "1 2 3"
+    expect 2 "--input excludes --across-training"
+    ;;
   *)
     fail "no scenario '$scenario'"
     ;;

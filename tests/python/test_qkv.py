@@ -265,6 +265,11 @@ def test_patch_is_the_programs_patching(tmp_path):
     paths = qkv.path_patch(out, noising=True, n=16)
     assert paths == program_json("patch", out, "--path", "--noising", "--n", "16", "--json")
     assert [p["input"] for p in paths["paths"]] == ["logits", "q", "k", "v", "logits"]
+    kept = str(tmp_path / "kept")
+    qkv.train("induction", out=kept, steps=60, keep_checkpoints="every:25")
+    across = qkv.across_training(kept)
+    assert across == program_json("inspect", kept, "--across-training", "--json")
+    assert [c["step"] for c in across["checkpoints"]] == [0, 25, 50, 60]
     attribution = qkv.logit_attribution(out, n=16)
     assert attribution == program_json("attribute", out, "--n", "16", "--json")
     assert abs(attribution["total"] - attribution["logit_diff"]) < 1e-4
