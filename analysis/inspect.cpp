@@ -97,6 +97,21 @@ std::vector<HeadComposition> compositions(const nn::Transformer& model) {
   return out;
 }
 
+StepAttention attention_at_step(const nn::Transformer& model, const std::vector<std::int64_t>& input, std::size_t step) {
+  NoGradGuard no_grad;
+  const nn::TransformerOutput f = model.forward(one_row(input), true);
+  StepAttention s{.step = step, .attention = {}, .sigma = {}};
+  for (std::size_t l = 0; l < model.blocks.size(); ++l) {
+    s.attention.emplace_back();
+    s.sigma.emplace_back();
+    for (std::size_t h = 0; h < model.config().heads; ++h) {
+      s.attention.back().push_back(masked_weights(head_matrix(f.attention[l].weights, h), head_matrix(f.attention[l].scores, h)));
+      s.sigma.back().push_back(nn::symmetric_share(nn::qk_circuit(model.blocks[l]->attn, h)));
+    }
+  }
+  return s;
+}
+
 Inspection inspect(const nn::Transformer& model, const Task& task, const std::vector<std::int64_t>& input, const std::string& dir) {
   const nn::TransformerConfig& c = model.config();
   if (input.empty()) fail("inspect", "the input holds no tokens");

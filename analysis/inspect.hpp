@@ -73,6 +73,16 @@ struct TrainingHistory {
   std::vector<Snapshot> snapshots;
 };
 
+// A model's attention on an input at one step of training, and each head's σ: what the page's
+// slider shows at that step.
+struct StepAttention {
+  std::size_t step = 0;
+  std::vector<std::vector<Array<double>>> attention;  // [layer][head] (T, T), NaN where masked
+  std::vector<std::vector<double>> sigma;             // [layer][head]
+};
+// The attention of `model` on `input` (as inspect draws it) and each head's σ, labelled `step`.
+StepAttention attention_at_step(const nn::Transformer& model, const std::vector<std::int64_t>& input, std::size_t step);
+
 struct Inspection {
   std::string task, dir;
   nn::TransformerConfig config;
@@ -88,6 +98,10 @@ struct Inspection {
   std::size_t detection_sequences = 0;
   bool detection_held_out = true;
   TrainingHistory history;  // empty unless the caller reads it (read_history)
+  // The attention on the input along training, by step: at each checkpoint the run kept, or at each
+  // snapshot when the snapshots read this input; empty unless the caller fills it (inspect_run).
+  std::vector<StepAttention> along_training;
+  std::string along_training_from;  // what they were read from: "kept checkpoints" or "snapshots"
 };
 
 // Head h's matrix of a (1, H, ·, ·) tensor (attention weights or scores), in float64.

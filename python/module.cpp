@@ -32,6 +32,7 @@
 #include "qkv/core/tensor.hpp"
 #include "qkv/core/random.hpp"
 #include "qkv/analysis/heads.hpp"
+#include "qkv/analysis/patching.hpp"
 #include "qkv/nn/detail/transformer_json.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/generate.hpp"
@@ -710,14 +711,38 @@ PYBIND11_MODULE(_qkv, m) {
           py::arg("tokens"), "Logits (B, T, classes), or for the pointer readout head 0's scores (B, T, T)")
       .def(
           "run_with_cache",
-          [](nn::Transformer& model, const py::handle& tokens, const py::object& names_filter) {
-            const NoGradGuard no_grad;
-            const nn::ActivationCache cache = model.run_with_cache(to_tokens(tokens), filter_of(names_filter));
-            return py::make_tuple(to_numpy(cache.output.logits), cache_dict(cache));
+          [](nn::Transformer& model, const py::handle& tokens, const py::object& names_filter, bool incl_bwd,
+             const py::object& targets) {
+            const IndexArray ids = to_tokens(tokens);
+            if (!incl_bwd) {
+              if (!targets.is_none()) throw std::invalid_argument("run_with_cache: targets are for incl_bwd=True");
+              const NoGradGuard no_grad;
+              const nn::ActivationCache cache = model.run_with_cache(ids, filter_of(names_filter));
+              return py::make_tuple(to_numpy(cache.output.logits), cache_dict(cache));
+            }
+            // The gradient of the loss on `targets` at each point kept, as NAME_grad (TransformerLens's
+            // incl_bwd=True, whose backward is of the loss).
+            if (targets.is_none())
+              throw std::invalid_argument("run_with_cache: incl_bwd=True needs targets, (B, T) token ids or -100, whose loss "
+                                          "the gradients are of");
+            const IndexArray wanted = to_tokens(targets);
+            if (wanted.shape() != ids.shape())
+              throw std::invalid_argument(fmt::format("run_with_cache: targets {} for tokens {}", to_string(Shape(wanted.shape().begin(), wanted.shape().end())),
+                                                      to_string(Shape(ids.shape().begin(), ids.shape().end()))));
+            const nn::HookFilter filter = filter_of(names_filter);
+            std::vector<std::string> points;
+            for (const std::string& name : model.hook_names())
+              if (filter.keeps(name)) points.push_back(name);
+            const analysis::ActivationGradients g = analysis::run_with_gradients(
+                model, ids, points, [&](const nn::TransformerOutput& out) { return model.loss(out, wanted); });
+            py::dict cache = cache_dict(g.activations);
+            for (const auto& [name, gradient] : g.gradients.activations) cache[py::str(name + "_grad")] = to_numpy(gradient);
+            return py::make_tuple(to_numpy(g.output.logits.detach()), cache);
           },
-          py::arg("tokens"), py::arg("names_filter") = py::none(),
+          py::arg("tokens"), py::arg("names_filter") = py::none(), py::arg("incl_bwd") = false, py::arg("targets") = py::none(),
           "(logits, cache): the activation at every hook point names_filter keeps (None: all; a name, a list of "
-          "names, or a predicate), by its TransformerLens name")
+          "names, or a predicate), by its TransformerLens name; with incl_bwd=True and targets (B, T), also the "
+          "gradient of the loss on the targets at each, as NAME_grad (the parameters get none)")
       .def(
           "run_with_hooks",
           [](nn::Transformer& model, const py::handle& tokens, const std::vector<std::pair<std::string, py::function>>& fwd_hooks) {

@@ -332,16 +332,18 @@ std::string PicturePack::add(const std::string& svg) {
   return fmt::format("<div class=\"picture\" data-lines=\"{}\"></div>\n", ids);
 }
 
-std::string PicturePack::lines_script() const {
-  const std::string json = nlohmann::json(lines_).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  // "</" written "<\/" (the same JSON string), so that no line can close the script element.
+std::string json_script(const std::string& id, const nlohmann::json& value) {
+  const std::string json = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // "</" written "<\/" (the same JSON string), so that no text can close the script element.
   std::string escaped;
   for (std::size_t i = 0; i < json.size(); ++i) {
     escaped += json[i];
     if (json[i] == '<' && i + 1 < json.size() && json[i + 1] == '/') escaped += '\\';
   }
-  return "<script type=\"application/json\" id=\"picture-lines\">" + escaped + "</script>\n";
+  return "<script type=\"application/json\" id=\"" + id + "\">" + escaped + "</script>\n";
 }
+
+std::string PicturePack::lines_script() const { return json_script("picture-lines", nlohmann::json(lines_)); }
 
 std::string heatmap_script() {
   // The cells as heatmap_svg draws them with Cells::elements, hover text "ROW → COLUMN: VALUE".

@@ -6,9 +6,15 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "qkv/core/tensor.hpp"
 
 namespace qkv::report {
+
+// `value` as <script type="application/json" id="ID">, written so that no string in it can close
+// the element ("</" as "<\/"), for a page's script to read.
+std::string json_script(const std::string& id, const nlohmann::json& value);
 
 // A head's name in every report: "L1H0".
 std::string head_label(std::size_t layer, std::size_t head);

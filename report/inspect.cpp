@@ -13,6 +13,7 @@
 
 #include "qkv/nn/files.hpp"
 #include "qkv/report/charts.hpp"
+#include "qkv/report/explore.hpp"
 #include "qkv/report/heatmap.hpp"
 
 namespace qkv::report {
@@ -57,6 +58,8 @@ th { border-bottom: 1px solid #999; } .pics { display: flex; flex-wrap: wrap; ga
 .legend { font-size: .9em; max-width: 60em; } code { background: #f3f3f3; padding: 0 3px; }
 nav.heads { position: sticky; top: 0; background: #fff; padding: .4em 0; border-bottom: 1px solid #ccc; z-index: 1; }
 nav.heads span { margin-right: 1.5em; } nav.heads a { margin-left: .5em; } nav.heads a.shown { font-weight: bold; color: #222; }
+.strip { margin: .3em 0; line-height: 1.9; } .strip span { padding: 1px 4px; border-radius: 3px; cursor: default; }
+.strip span.hovered { outline: 2px solid #222; } #explore-step { width: 24em; vertical-align: middle; }
 </style></head><body>
 )";
 }
@@ -560,6 +563,7 @@ which the mask hides.</p></div>
   s += training_html(in.history);
   if (!in.history.logged.empty() && in.history.snapshots.empty())
     s += "<p>No snapshots: <code>qkv train --snapshot-every N</code> keeps the heads along training.</p>\n";
+  s += explore_html(in);
   // One head's pictures at a time, each head's data packed into the page; the script draws them.
   s += "<h2>The heads</h2>\n<nav class=\"heads\">";
   for (const auto& heads : in.layers) {
@@ -602,7 +606,8 @@ which the mask hides.</p></div>
       }
       s += "</section>\n";
     }
-  s += pack.lines_script() + "<script>\n" + heatmap_script() + head_picker_script + "</script>\n</body></html>\n";
+  s += pack.lines_script() + "<script>\n" + heatmap_script() + head_picker_script + explore_script() +
+       "</script>\n</body></html>\n";
   return s;
 }
 

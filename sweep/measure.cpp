@@ -106,6 +106,7 @@ void measure(Json& run, const TrainOptions& o, const Extras& extras, std::vector
   run["score_asymmetry"] = last["score_asymmetry"];
   if constexpr (decoder_only) {
     if (extras.at_end) extras.at_end(run, *training::load_model(o.out), *task, sequences);
+    if (extras.of_folder) extras.of_folder(run, o.out);
   } else if (extras.seq2seq_at_end) {
     extras.seq2seq_at_end(run, *training::load_encoder_decoder(o.out), *tasks::as_seq2seq(*task));
   }

@@ -46,6 +46,8 @@ struct Extras {
   // above alone: a sweep refuses it for the other kind of run.
   std::function<void(nlohmann::ordered_json& run, nn::EncoderDecoder& trained, const tasks::Seq2SeqTask& task)>
       seq2seq_at_end{};
+  // A decoder-only run's folder once it trained, after at_end: what it kept along training.
+  std::function<void(nlohmann::ordered_json& run, const std::string& dir)> of_folder{};
 };
 
 // Trains `options` (its out and seed set; a run already there is replaced when options.force) and

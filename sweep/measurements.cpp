@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -9,8 +10,11 @@
 #include <fmt/format.h>
 
 #include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/across_training.hpp"
 #include "qkv/analysis/alignment.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/analysis/logit_attribution.hpp"
+#include "qkv/analysis/path_patching.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/random.hpp"
 #include "qkv/nn/circuits.hpp"
@@ -18,6 +22,7 @@
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/tasks/find_spec.hpp"
+#include "qkv/training/run_analysis.hpp"
 
 namespace qkv::sweep {
 
@@ -239,6 +244,79 @@ std::size_t kv_cache_bytes_per_token(const nn::Transformer& m, const std::vector
   return bytes / input.size();
 }
 
+// Path patching (noising, 256 held-out sequences of seed 1, as qkv patch --path --noising) and
+// direct logit attribution (as qkv attribute): {"L0H0": {"logits": share, "L1H0": {q, k, v}}} and
+// {"L0H0": part, …, "logit_diff": …}; with the shares of the best previous-token head into the best
+// induction head (heads above), when it is in an earlier layer: prev_to_induction_{q,k,v}; and
+// sum_{q,k,v}, the shares of every path into a later head's q, k or v, summed.
+void paths(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
+  const analysis::PathPatching p = analysis::path_patch(m, task, *tasks::task_spec(task.info().name).corruption,
+                                                        {.noising = true, .sequences = 256, .seed = 1});
+  Json shares = Json::object();
+  std::map<std::string, double> sums{{"q", 0.0}, {"k", 0.0}, {"v", 0.0}};
+  for (const analysis::PathPatching::Path& x : p.paths) {
+    const double share = p.loss_share(x);
+    if (x.input != "logits") sums[x.input] += share;
+    Json& sender = shares[head_name(x.sender_layer, x.sender_head)];
+    if (x.input == "logits") sender["logits"] = std::isfinite(share) ? Json(share) : Json(nullptr);
+    else sender[head_name(x.receiver_layer, x.receiver_head)][x.input] = std::isfinite(share) ? Json(share) : Json(nullptr);
+  }
+  if (run.contains("heads") && run["heads"].is_object()) {
+    const Json& h = run["heads"];
+    const std::string from = head_name(h["previous_token_layer"], h["previous_token_head"]);
+    const std::string to = head_name(h["induction_layer"], h["induction_head"]);
+    if (h["previous_token_layer"].get<std::size_t>() < h["induction_layer"].get<std::size_t>())
+      for (const char* x : {"q", "k", "v"}) shares[std::string("prev_to_induction_") + x] = shares[from][to][x];
+  }
+  for (const auto& [input, sum] : sums) shares["sum_" + input] = std::isfinite(sum) ? Json(sum) : Json(nullptr);
+  run["paths"] = std::move(shares);
+  const analysis::LogitAttribution a = analysis::logit_attribution(m, task, {.sequences = 256, .seed = 1});
+  Json parts = {{"logit_diff", a.logit_diff}};
+  for (std::size_t l = 0; l < a.heads.size(); ++l)
+    for (std::size_t k = 0; k < a.heads[l].size(); ++k) parts[head_name(l, k)] = a.heads[l][k];
+  run["logit_attribution"] = std::move(parts);
+}
+
+// When the circuit formed, from the checkpoints the run kept (analysis::formation, as inspect
+// --across-training reads it): the half-way steps of the held-out loss and of each head's role
+// score, {"loss": step, "L0H0": {role, step}, …}; with heads (above), the best previous-token and
+// induction heads' steps, the K-composition's between them, and whether those three fall within
+// one kept step of each other (together) and at or before the loss's (before_loss).
+void formation_of(Json& run, const std::string& dir) {
+  const analysis::AcrossTraining across = training::across_training_run(dir);
+  const analysis::Formation f = analysis::formation(across);
+  const auto step = [](const std::optional<std::size_t>& s) { return s ? Json(*s) : Json(nullptr); };
+  Json out = {{"loss", step(f.loss)}, {"in_context", step(f.in_context)}};
+  for (const auto& h : f.heads)
+    out[head_name(h.layer, h.head)] = {{"role", analysis::head_kind_name(h.role)}, {"step", step(h.step)}};
+  if (run.contains("heads") && run["heads"].is_object()) {
+    const Json& h = run["heads"];
+    const auto head_step = [&](const char* kind) {
+      for (const auto& x : f.heads)
+        if (x.layer == h[std::string(kind) + "_layer"] && x.head == h[std::string(kind) + "_head"]) return x.step;
+      return std::optional<std::size_t>();
+    };
+    std::optional<std::size_t> k;
+    for (const auto& x : f.composition)
+      if (x.from_layer == h["previous_token_layer"] && x.from_head == h["previous_token_head"] &&
+          x.to_layer == h["induction_layer"] && x.to_head == h["induction_head"])
+        k = x.step;
+    const std::optional<std::size_t> prev = head_step("previous_token"), induction = head_step("induction");
+    out["previous_token_step"] = step(prev);
+    out["induction_step"] = step(induction);
+    out["k_composition_step"] = step(k);
+    if (prev && induction && k) {
+      // Within one kept step: no kept step lies strictly between the earliest and the latest.
+      const std::size_t lo = std::min({*prev, *induction, *k}), hi = std::max({*prev, *induction, *k});
+      const bool together = std::none_of(across.checkpoints.begin(), across.checkpoints.end(),
+                                         [&](const analysis::CheckpointMeasures& c) { return c.step > lo && c.step < hi; });
+      out["together"] = together;
+      out["before_loss"] = f.loss && hi <= *f.loss;
+    }
+  }
+  run["formation"] = std::move(out);
+}
+
 // A column for each longer length range of any task.
 std::vector<tasks::Column> longer_columns() {
   std::vector<tasks::Column> columns;
@@ -309,6 +387,28 @@ const std::vector<Measurement>& measurement_registry() {
        .columns = {{"heads.previous_token_best", "best previous-token score", "{:.3f}"},
                    {"heads.induction_best", "best induction score", "{:.3f}"}},
        .extras = {.at_init = {}, .at_end = head_detectors}},
+      {.name = "paths",
+       .help = "at the end: path patching (noising, as qkv patch --path --noising on 256 held-out sequences of seed 1) of "
+               "each head into the logits and each later head's q, k and v, and each head's direct logit attribution "
+               "(as qkv attribute)",
+       .columns = {{"paths.prev_to_induction_k", "previous-token → induction head keys", "{:.3f}"}},
+       .extras = {.at_init = {}, .at_end = paths},
+       .check = [](const tasks::TrainOptions& o) -> std::string {
+         if (!tasks::task_spec(o.task).corruption) return fmt::format("the {} task has no corrupted input to patch from", o.task);
+         if (o.model.readout != nn::Readout::token) return "direct logit attribution needs the token readout";
+         return o.mask_padding ? "" : "paths masks the padding keys as qkv patch does, and the run trains without";
+       }},
+      {.name = "formation",
+       .help = "after training: when each part of the circuit formed (the half-way steps of the held-out loss and of "
+               "each head's role score, as qkv inspect --across-training finds them), from the checkpoints the run keeps "
+               "(keep-checkpoints)",
+       .columns = {{"formation.induction_step", "induction head formed (step)", "{:.0f}"}},
+       .extras = {.at_init = {}, .at_end = {}, .seq2seq_at_end = {}, .of_folder = formation_of},
+       .check = [](const tasks::TrainOptions& o) -> std::string {
+         return o.keep_checkpoints.empty() ? "formation reads the checkpoints a run keeps: add \"keep-checkpoints\": \"log\" "
+                                             "to the sweep's options"
+                                           : "";
+       }},
       {.name = "ablation",
        .help = "at the end: each head zero- and mean-ablated and, where the task has a corrupted input, patched both "
                "ways, as qkv ablate does on 1,024 held-out sequences (seed 1)",
@@ -351,7 +451,7 @@ const std::vector<Measurement>& measurement_registry() {
 const Measurement& measurement(const std::string& name) { return tasks::find_spec(measurement_registry(), name, "measurement"); }
 
 Extras chained(std::vector<Extras> parts) {
-  std::erase_if(parts, [](const Extras& e) { return !e.at_init && !e.at_end && !e.seq2seq_at_end; });
+  std::erase_if(parts, [](const Extras& e) { return !e.at_init && !e.at_end && !e.seq2seq_at_end && !e.of_folder; });
   if (parts.size() == 1) return parts[0];
   Extras out;
   if (parts.empty()) return out;
@@ -366,6 +466,10 @@ Extras chained(std::vector<Extras> parts) {
   out.seq2seq_at_end = [parts](Json& run, nn::EncoderDecoder& trained, const tasks::Seq2SeqTask& task) {
     for (const Extras& e : parts)
       if (e.seq2seq_at_end) e.seq2seq_at_end(run, trained, task);
+  };
+  out.of_folder = [parts](Json& run, const std::string& dir) {
+    for (const Extras& e : parts)
+      if (e.of_folder) e.of_folder(run, dir);
   };
   return out;
 }

@@ -603,7 +603,7 @@ Sweep parse_sweep(const Json& spec, const std::string& file) {
             training::check_options(trained);
             for (const std::string& m : sweep.measurements) {
               const Measurement& measured = measurement(m);
-              const bool decoder_only = measured.extras.at_init || measured.extras.at_end;
+              const bool decoder_only = measured.extras.at_init || measured.extras.at_end || measured.extras.of_folder;
               if (trained.encoder_layers && !measured.extras.seq2seq_at_end)
                 refuse(file, fmt::format("{}: 'measure' '{}' measures decoder-only models, and {} trains an encoder-decoder",
                                          name, m, entry.task));

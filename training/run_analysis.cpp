@@ -315,6 +315,22 @@ analysis::Ablation ablate_run(const std::string& dir, const std::string& data) {
   return a;
 }
 
+std::vector<analysis::StepAttention> attention_along_training(const std::string& dir, const std::vector<std::int64_t>& input,
+                                                               const analysis::TrainingHistory& history) {
+  std::vector<analysis::StepAttention> steps;
+  if (const auto kept = kept_checkpoints(dir); !kept.empty()) {
+    const auto model = load_model(dir);
+    for (const auto& [step, path] : kept) {
+      nn::load_weights(nn::load_safetensors(path), path, *model);
+      steps.push_back(analysis::attention_at_step(*model, input, step));
+    }
+    return steps;
+  }
+  for (const auto& snap : history.snapshots)
+    if (snap.input == input) steps.push_back({.step = snap.step, .attention = snap.attention, .sigma = snap.sigma});
+  return steps;
+}
+
 RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<std::int64_t>>& input, bool history) {
   const std::string& dir = run.dir;
   if (run.library_run()) {  // its model and the tokens given
@@ -337,7 +353,11 @@ RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<st
   }
   const auto model = load_model(dir);
   analysis::Inspection in = analysis::inspect(*model, *run.task, input ? *input : analysis::typical_input(*run.task), dir);
-  if (history) in.history = analysis::read_history(dir, o.model);
+  if (history) {
+    in.history = analysis::read_history(dir, o.model);
+    in.along_training = attention_along_training(dir, in.input, in.history);
+    if (!in.along_training.empty()) in.along_training_from = kept_checkpoints(dir).empty() ? "snapshots" : "kept checkpoints";
+  }
   return in;
 }
 

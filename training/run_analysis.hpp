@@ -50,6 +50,11 @@ analysis::LogitAttribution logit_attribution_run(const std::string& dir, analysi
 // (train --keep-checkpoints), patching where the task has a corrupted input, masking padding keys
 // as the run trained. std::runtime_error naming the run when it kept none, or naming the file
 // when one does not fit the run's model.
+// The attention on `input` along training, for the page's slider: at each checkpoint the run kept
+// (train --keep-checkpoints), or else at each snapshot of `history` that read the same input; none
+// otherwise. inspect_run fills Inspection::along_training with it when it reads the history.
+std::vector<analysis::StepAttention> attention_along_training(const std::string& dir, const std::vector<std::int64_t>& input,
+                                                               const analysis::TrainingHistory& history);
 analysis::AcrossTraining across_training_run(const std::string& dir, analysis::MeasureOptions options = {});
 
 // The same on the sequences of a data file (tasks::read_dataset: JSON lines of tokens and targets,

@@ -10,7 +10,9 @@
 
 #include "qkv/report/heatmap.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/report/explore.hpp"
 #include "qkv/report/inspect.hpp"
+#include "qkv/training/run_analysis.hpp"
 #include "qkv/analysis/history.hpp"
 #include "qkv/report/snapshots.hpp"
 #include "qkv/tasks/builtin.hpp"
@@ -243,14 +245,24 @@ TEST_CASE("heatmaps: shades by magnitude, signs, masked cells, and SVG cells wit
   CHECK_THAT(heatmap_text(numbers, false), Contains("t\n  1 7 \n  2   \na ██  \n"));
 }
 
+namespace {
+
+// A short induction run of 4 layers of 4 heads (d_model 64): the page's size bound is for it.
+TrainOptions wide_run(const std::string& name, std::size_t steps) {
+  TrainOptions o = short_run("induction", name, steps, 10);
+  o.model.layers = 4;
+  o.model.heads = 4;
+  o.model.d_model = 64;
+  return o;
+}
+
+}  // namespace
+
 TEST_CASE("inspect --html: every head's pictures are on the page, and 4 layers of 4 heads stay within 2 MB") {
   // A short run of 4 layers of 4 heads with snapshots: each head's four pictures and its attention
   // along training, the readout heads of the last layers as much as the first.
   std::ostringstream quiet;
-  TrainOptions o = short_run("induction", "page_heads", 20, 10);
-  o.model.layers = 4;
-  o.model.heads = 4;
-  o.model.d_model = 64;
+  TrainOptions o = wide_run("page_heads", 20);
   o.snapshot_every = 10;
   train(o, quiet, false);
   const auto task = make_task("induction");
@@ -265,6 +277,66 @@ TEST_CASE("inspect --html: every head's pictures are on the page, and 4 layers o
         CHECK(page.find(title) != std::string::npos);
       }
   CHECK(page.size() < 2'000'000);
+  std::filesystem::remove_all(o.out);
+}
+
+TEST_CASE("inspect --html: the Explore section's attention along training, packed, and thinned to its bound") {
+  // 4 layers of 4 heads, every step kept: the slider's data are the kept checkpoints' attention.
+  std::ostringstream quiet;
+  TrainOptions o = wide_run("page_explore", 12);
+  o.keep_checkpoints = "every:1";
+  train(o, quiet, false);
+  const auto task = make_task("induction");
+  const auto model = load_model(o.out);
+  Inspection in = inspect(*model, *task, typical_input(*task), o.out);
+  in.along_training = training::attention_along_training(o.out, in.input, in.history);
+  in.along_training_from = "kept checkpoints";
+  REQUIRE(in.along_training.size() == 13);
+  // The last step's attention is the model's own, as the page's pictures draw it.
+  CHECK(in.along_training.back().attention[3][2](5, 1) == Approx(in.layers[3][2].attention(5, 1)).epsilon(1e-12));
+  const auto data_of = [](const std::string& page) {
+    const std::string start = "<script type=\"application/json\" id=\"explore-data\">";
+    const std::size_t at = page.find(start) + start.size();
+    return nlohmann::json::parse(page.substr(at, page.find("</script>", at) - at));
+  };
+  const std::string page = to_html(in);
+  CHECK_THAT(page, Contains("over all 13 of the run's 13 kept checkpoints"));
+  const nlohmann::json data = data_of(page);
+  REQUIRE(data["steps"].size() == 13);
+  CHECK(data["steps"][4]["step"] == 4);
+  // Each weight as two digits of the alphabet, within 1/8190 of the model's; "~~" where masked.
+  const std::string digits = data["digits"], cells = data["steps"][12]["attention"][3 * 4 + 2];
+  const std::size_t T = in.input.size();
+  REQUIRE(cells.size() == 2 * T * T);
+  const Array<double>& w = in.along_training.back().attention[3][2];
+  for (std::size_t q = 0; q < T; ++q)
+    for (std::size_t k = 0; k < T; ++k) {
+      const std::string c = cells.substr(2 * (q * T + k), 2);
+      if (k > q) {
+        CHECK(c == "~~");  // causal: the keys after the query
+        continue;
+      }
+      CHECK(std::abs(double(digits.find(c[0]) * 64 + digits.find(c[1])) / 4095 - w(q, k)) <= 0.5 / 4095 + 1e-12);
+    }
+  CHECK(data["steps"][12]["sigma"][3 * 4 + 2].get<double>() == in.along_training.back().sigma[3][2]);
+
+  // A hundred steps would pass the bound: an even choice of them, the first and the last kept.
+  const std::vector<StepAttention> twelve = in.along_training;
+  in.along_training.clear();
+  for (std::size_t i = 0; i < 100; ++i) {
+    in.along_training.push_back(twelve[i % twelve.size()]);
+    in.along_training.back().step = 10 * i;
+  }
+  in.input_names[0] = "</script><b>";  // a token name cannot close the data's element
+  const std::string thinned = to_html(in);
+  const nlohmann::json few = data_of(thinned);
+  const std::size_t per_step = 2 * 16 * T * T, fit = report::max_explore_bytes / per_step;
+  CHECK(few["steps"].size() == fit);
+  CHECK(few["steps"][0]["step"] == 0);
+  CHECK(few["steps"][fit - 1]["step"] == 990);
+  CHECK(few["tokens"][0] == "</script><b>");
+  CHECK_THAT(thinned, Contains(fmt::format("over an even choice of {} of the run's 100 kept checkpoints", fit)));
+  CHECK(thinned.size() < 2'000'000);
   std::filesystem::remove_all(o.out);
 }
 

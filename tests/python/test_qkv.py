@@ -78,6 +78,32 @@ def test_a_run_folder_loads_and_its_logits_are_the_caches(rps_run, line_run):
     assert np.allclose(pointer.run_with_cache(values)[1]["blocks.0.attn.hook_attn_scores"][:, 0], scores, atol=1e-5)
 
 
+def test_run_with_cache_keeps_the_losss_gradient_at_each_point(rps_run):
+    model = qkv.load_run(str(rps_run[0]))
+    tokens = np.array([[0, 3, 1, 5, 2, 7, 0, 4, 1, 6, 2, 8]], dtype=np.int64)
+    targets = np.full(tokens.shape, -100, dtype=np.int64)
+    targets[0, [3, 7, 11]] = [1, 2, 0]
+    before = model.state_dict()["head.weight"].copy()
+    logits, cache = model.run_with_cache(tokens, incl_bwd=True, targets=targets)
+    assert "blocks.0.attn.hook_z_grad" in cache and "hook_embed_grad" in cache
+    assert all(cache[name + "_grad"].shape == cache[name].shape for name in cache if not name.endswith("_grad"))
+    # At the readout's input the gradient of the mean cross-entropy is, by hand,
+    # (softmax(logits) - onehot(target)) @ W_head / scored, and 0 where nothing is scored.
+    weight = model.state_dict()["head.weight"].astype(np.float64)
+    p = np.exp(logits[0] - logits[0].max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = np.zeros((tokens.shape[1], weight.shape[1]))
+    for t in (3, 7, 11):
+        p[t, targets[0, t]] -= 1
+        want[t] = p[t] @ weight / 3
+    assert np.allclose(cache["ln_final.hook_normalized_grad"][0], want, atol=1e-5)
+    assert np.array_equal(model.state_dict()["head.weight"], before)  # the parameters keep theirs
+    only = model.run_with_cache(tokens, names_filter="hook_embed", incl_bwd=True, targets=targets)[1]
+    assert sorted(only) == ["hook_embed", "hook_embed_grad"]
+    with pytest.raises(ValueError, match="incl_bwd=True needs targets"):
+        model.run_with_cache(tokens, incl_bwd=True)
+
+
 def test_arrays_share_qkvs_memory_and_come_back_without_a_copy(rps_run):
     out, _ = rps_run
     model = qkv.load_run(str(out))

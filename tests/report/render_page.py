@@ -196,6 +196,97 @@ MEASURE = r"""
 """
 
 
+# The page's Explore section as a reader drives it: what it shows now (a digest of the picture's
+# cells, the step's label, the line under it, the strips' colours, the hovered token's line), and
+# what its data say the hovered query attends most, decoded apart from the page's script.
+EXPLORE_STATE = r"""
+(() => {
+  const head = document.getElementById('explore-head');
+  if (!head) return JSON.stringify(null);
+  const slider = document.getElementById('explore-step');
+  const cells = [...document.querySelectorAll('#explore-picture rect[data-q]')].map(r => r.getAttribute('fill'));
+  const alpha = s => { const m = /rgba\(.*,\s*([\d.]+)\)/.exec(s.style.background); return m ? +m[1] : 0; };
+  const attends = [...document.querySelectorAll('#explore-attends span')];
+  const hovered = attends.findIndex(s => s.classList.contains('hovered'));
+  let expected = null;
+  if (hovered >= 0) {  // the data's own argmax of the hovered query's row, decoded here
+    const data = JSON.parse(document.getElementById('explore-data').textContent), T = data.tokens.length;
+    const s = data.steps[+slider.value].attention[+head.value];
+    let best = -1, top = -1;
+    for (let k = 0; k < T; k++) {
+      const c = s.substr(2 * (hovered * T + k), 2);
+      if (c === '~~') continue;
+      const v = data.digits.indexOf(c[0]) * 64 + data.digits.indexOf(c[1]);
+      if (v > best) best = v, top = k;
+    }
+    expected = top;
+  }
+  const shown = attends.map(alpha);
+  return JSON.stringify({
+    heads: head.options.length, steps: +slider.max + 1, head: head.value, step: slider.value,
+    cells: cells.length, digest: cells.join('|'), label: document.getElementById('explore-step-label').textContent,
+    about: document.getElementById('explore-about').textContent, hover: document.getElementById('explore-hover').textContent,
+    hovered, strongest: shown.indexOf(Math.max(...shown)), expected,
+    strongestAlpha: Math.max(...shown), expectedAlpha: expected === null ? null : shown[expected]
+  });
+})()
+"""
+
+
+def drive_explore(browser, session):
+    """Selects a head, moves the slider and hovers a token and a cell of the picture, with the
+    browser's own mouse for the hovers; returns what failed (none when the page has no Explore)."""
+    def state():
+        return json.loads(browser.send("Runtime.evaluate", {"expression": EXPLORE_STATE, "returnByValue": True},
+                                       session=session)["result"]["value"])
+
+    def run(js):
+        browser.send("Runtime.evaluate", {"expression": js}, session=session)
+
+    def hover(selector):
+        box = json.loads(browser.send("Runtime.evaluate", {"expression": """(() => {
+          const e = document.querySelector(%s); e.scrollIntoView({block: 'center'});
+          const r = e.getBoundingClientRect(); return JSON.stringify([r.x + r.width / 2, r.y + r.height / 2]); })()"""
+                                                         % json.dumps(selector), "returnByValue": True},
+                                      session=session)["result"]["value"])
+        for x, y in ((0, 0), tuple(box)):  # away, then onto it: the move enters it
+            browser.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y}, session=session)
+
+    first = state()
+    if first is None:
+        return None, []
+    problems = []
+    if first["cells"] == 0:
+        problems.append("Explore draws no picture")
+    if first["heads"] > 1:
+        run("(() => { const h = document.getElementById('explore-head'); h.value = h.options[h.options.length - 1].value;"
+            " h.dispatchEvent(new Event('change')); })()")
+        after = state()
+        if after["digest"] == first["digest"] or after["about"] == first["about"]:
+            problems.append("Explore: another head left the picture as it was")
+    if first["steps"] > 1:
+        before = state()
+        run("(() => { const s = document.getElementById('explore-step'); s.value = 0; s.dispatchEvent(new Event('input')); })()")
+        after = state()
+        if after["digest"] == before["digest"] or after["label"] == before["label"]:
+            problems.append("Explore: the slider's first step left the picture as it was (%s)" % after["label"])
+    hover("#explore-attends span:last-of-type")
+    after = state()
+    last = round(after["cells"] ** 0.5) - 1  # the picture is T × T
+    if after["hovered"] != last:
+        problems.append("Explore: hovering the last token (%d) marked %d" % (last, after["hovered"]))
+    # The strip's strongest colour is the data's strongest key (or one as strong: ties at init).
+    if after["expected"] is None or after["expectedAlpha"] < after["strongestAlpha"] - 0.0015:
+        problems.append("Explore: the hovered query's strongest key is shown at %s, its data say %s"
+                        % (after["strongest"], after["expected"]))
+    if not after["hover"].startswith("query %d (" % after["hovered"]):
+        problems.append("Explore: the hover line reads '%s'" % after["hover"])
+    hover('#explore-picture rect[data-q="1"]')
+    if state()["hovered"] != 1:
+        problems.append("Explore: hovering row 1 of the picture did not mark query 1")
+    return state(), problems
+
+
 def main():
     if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
@@ -219,6 +310,10 @@ def main():
         measured = json.loads(browser.send("Runtime.evaluate",
                                            {"expression": MEASURE, "returnByValue": True, "awaitPromise": True},
                                            session=session)["result"]["value"])
+        explored, explore_problems = drive_explore(browser, session)
+        problems += explore_problems
+        if explored:
+            measured["explore"] = {k: explored[k] for k in ("heads", "steps", "label", "hover")}
         if show:  # the screenshot of that head's pictures
             browser.send("Runtime.evaluate",
                          {"expression": "[...document.querySelectorAll('a, button')].find(e => e.textContent.trim() === %s).click()"

@@ -8,12 +8,17 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/analysis/ablate.hpp"
+#include "qkv/analysis/across_training.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/analysis/logit_attribution.hpp"
+#include "qkv/analysis/path_patching.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/sweep/measure.hpp"
 #include "qkv/sweep/measurements.hpp"
 #include "qkv/tasks/registry.hpp"
+#include "qkv/training/kept_checkpoints.hpp"
+#include "qkv/training/run_analysis.hpp"
 #include "qkv/training/run_folder.hpp"
 #include "qkv/training/trainer.hpp"
 
@@ -268,4 +273,50 @@ TEST_CASE("ablation: qkv ablate's numbers for each head, and how many heads the 
   CHECK(measurement("ablation").check(unmasked) == "");
   unmasked.mask_padding = false;
   CHECK_THAT(measurement("ablation").check(unmasked), Catch::Contains("masks the padding keys"));
+}
+
+TEST_CASE("paths and formation: path patching, direct logit attribution and the formation steps as the analyses give them") {
+  std::ostringstream quiet;
+  tasks::TrainOptions o = tasks::default_options("induction");
+  o.steps = 600;
+  o.keep_checkpoints = "log";
+  o.out = test::scratch("measure_paths") + "/run";
+  CHECK(measurement("formation").check(o).empty());
+  training::train(o, quiet, false);
+  const auto task = tasks::make_task("induction");
+  const auto m = training::load_model(o.out);
+  nlohmann::ordered_json run;
+  measurement("heads").extras.at_end(run, *m, *task, Sequences{});
+  measurement("paths").extras.at_end(run, *m, *task, Sequences{});
+  measurement("formation").extras.of_folder(run, o.out);
+
+  const analysis::PathPatching p =
+      analysis::path_patch(*m, *task, *tasks::task_spec("induction").corruption, {.noising = true, .sequences = 256, .seed = 1});
+  REQUIRE(p.paths.size() == 5);
+  CHECK(run["paths"]["L0H0"]["L1H0"]["k"].get<double>() == p.loss_share(p.paths[2]));
+  CHECK(run["paths"]["L0H0"]["logits"].get<double>() == p.loss_share(p.paths[0]));
+  CHECK(run["paths"]["prev_to_induction_k"] == run["paths"]["L0H0"]["L1H0"]["k"]);  // L0H0 and L1H0 are the best
+  CHECK(run["paths"]["sum_v"].get<double>() == p.loss_share(p.paths[3]));             // the one path into values
+  const analysis::LogitAttribution a = analysis::logit_attribution(*m, *task, {.sequences = 256, .seed = 1});
+  CHECK(run["logit_attribution"]["L1H0"].get<double>() == a.heads[1][0]);
+  CHECK(run["logit_attribution"]["logit_diff"].get<double>() == a.logit_diff);
+
+  const analysis::Formation f = analysis::formation(training::across_training_run(o.out));
+  const auto& formed = run["formation"];
+  CHECK(formed["loss"] == *f.loss);
+  CHECK(formed["L1H0"]["role"] == "induction");
+  CHECK(formed["induction_step"] == *f.heads[1].step);
+  CHECK(formed["previous_token_step"] == *f.heads[0].step);
+  CHECK(formed["k_composition_step"] == *f.composition[0].step);
+  const std::vector<std::size_t> kept = training::keep_schedule("log")->steps(600);
+  const std::size_t lo = std::min({*f.heads[0].step, *f.heads[1].step, *f.composition[0].step}),
+                    hi = std::max({*f.heads[0].step, *f.heads[1].step, *f.composition[0].step});
+  CHECK(formed["together"] == std::none_of(kept.begin(), kept.end(), [&](std::size_t s) { return s > lo && s < hi; }));
+  CHECK(formed["before_loss"] == (hi <= *f.loss));
+
+  // Without kept checkpoints the sweep is refused before anything runs; paths needs a corruption.
+  o.keep_checkpoints = "";
+  CHECK_THAT(measurement("formation").check(o), Catch::Contains("add \"keep-checkpoints\": \"log\""));
+  CHECK_THAT(measurement("paths").check(tasks::default_options("brackets")),
+             Catch::Contains("the brackets task has no corrupted input to patch from"));
 }
