@@ -135,25 +135,31 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
                         bool shared_axis) {
   std::vector<std::string> panels, series;
   std::vector<bool> grey;                          // per series
-  std::vector<double> top_value;                   // per panel
+  std::vector<double> top_value, bottom_value;     // per panel: the largest value (or 0), the smallest (or 0)
   std::vector<std::vector<std::size_t>> drawn;     // per panel: the series it draws, by index in `series`
   std::size_t last_step = 1;
   for (const ChartLine& line : lines) {
     const std::size_t panel = std::size_t(std::find(panels.begin(), panels.end(), line.panel) - panels.begin());
-    if (panel == panels.size()) panels.push_back(line.panel), top_value.push_back(0), drawn.emplace_back();
-    double& top = top_value[panel];
+    if (panel == panels.size())
+      panels.push_back(line.panel), top_value.push_back(0), bottom_value.push_back(0), drawn.emplace_back();
+    double &top = top_value[panel], &bottom = bottom_value[panel];
     for (const auto& [step, values] : line.values)
       for (double v : values)
-        if (std::isfinite(v)) top = std::max(top, v), last_step = std::max(last_step, step);
+        if (std::isfinite(v)) top = std::max(top, v), bottom = std::min(bottom, v), last_step = std::max(last_step, step);
     const std::size_t c = std::size_t(std::find(series.begin(), series.end(), line.series) - series.begin());
     if (c == series.size()) series.push_back(line.series), grey.push_back(line.many);
     if (std::find(drawn[panel].begin(), drawn[panel].end(), c) == drawn[panel].end()) drawn[panel].push_back(c);
   }
   if (lines.empty()) return "";
   const auto colour_of = [&](std::size_t c) { return grey[c] ? "#aaa" : palette[c % std::size(palette)]; };
-  // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2; a loss) up to the next half.
+  // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2; a loss) up to the next half;
+  // below 0 (a share that goes the other way), down to the next half below.
   const auto axis_top = [](double top) { return top <= 1 ? 1.0 : std::ceil(top * 2) / 2; };
-  if (shared_axis) std::fill(top_value.begin(), top_value.end(), *std::max_element(top_value.begin(), top_value.end()));
+  const auto axis_bottom = [](double bottom) { return bottom >= 0 ? 0.0 : std::floor(bottom * 2) / 2; };
+  if (shared_axis) {
+    std::fill(top_value.begin(), top_value.end(), *std::max_element(top_value.begin(), top_value.end()));
+    std::fill(bottom_value.begin(), bottom_value.end(), *std::min_element(bottom_value.begin(), bottom_value.end()));
+  }
   const std::size_t columns = std::min<std::size_t>(3, panels.size());
   const std::size_t rows = (panels.size() + columns - 1) / columns;
   const double panel_w = panels.size() == 1 ? 620 : 300, panel_h = panels.size() == 1 ? 260 : 190, left = 44, right = 12, above = 22, below = 34, head = 50;
@@ -190,14 +196,14 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   for (std::size_t p = 0; p < panels.size(); ++p) {
     const double x0 = double(p % columns) * panel_w + left, y0 = row_top[p / columns] + above;
     const auto x = [&](std::size_t step) { return x0 + plot_w * std::log10(double(step) + 1) / x_max; };
-    const double y_max = axis_top(top_value[p]);
-    const auto y = [&](double v) { return y0 + plot_h * (1 - std::clamp(v / y_max, 0.0, 1.0)); };
+    const double y_max = axis_top(top_value[p]), y_min = axis_bottom(bottom_value[p]);
+    const auto y = [&](double v) { return y0 + plot_h * (1 - std::clamp((v - y_min) / (y_max - y_min), 0.0, 1.0)); };
     if (!panels[p].empty())
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-weight=\"bold\">{}</text>\n", x0, y0 - 8, escape_xml(panels[p]));
     s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#999\"/>\n", x0,
                      y0, plot_w, plot_h);
     for (int i = 0; i <= 4; ++i) {
-      const double v = y_max * i / 4;
+      const double v = y_min + (y_max - y_min) * i / 4;
       s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#eee\"/>\n", x0, x0 + plot_w, y(v));
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#555\">{:.3g}</text>\n", x0 - 4, y(v) + 4, v);
     }

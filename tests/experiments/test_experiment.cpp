@@ -446,6 +446,21 @@ TEST_CASE("steps chart: each panel's legend sits under that panel, naming only t
     }
 }
 
+TEST_CASE("steps chart: a value below 0 is drawn below the 0 line, inside its panel, on an axis from the next half below") {
+  // A share that goes the other way (-0.6) and one up to 0.4: the axis runs from -1 to 1.
+  const std::vector<ChartLine> lines = {{.panel = "share", .series = "L0H0", .values = {{0, {-0.6}}, {10, {0.4}}}}};
+  const std::string svg = steps_chart("t", "s", lines, false);
+  std::smatch m;
+  REQUIRE(std::regex_search(svg, m, std::regex(R"re(<rect x="([0-9.]+)" y="([0-9.]+)" width="([0-9.]+)" height="([0-9.]+)" fill="none")re")));
+  const double top = std::stod(m[2]), bottom = top + std::stod(m[4]);
+  REQUIRE(std::regex_search(svg, m, std::regex(R"re(<polyline points="[0-9.]+,([0-9.]+) [0-9.]+,([0-9.]+) ")re")));
+  const double at_minus = std::stod(m[1]), at_plus = std::stod(m[2]);
+  // y of v: top + height · (1 − (v + 1) / 2).
+  CHECK(at_minus == Approx(top + (bottom - top) * 0.8).margin(0.1));
+  CHECK(at_plus == Approx(top + (bottom - top) * 0.3).margin(0.1));
+  CHECK_THAT(svg, Contains(">-1</text>") && Contains(">-0.5</text>") && Contains(">0</text>") && Contains(">1</text>"));
+}
+
 TEST_CASE("the docs' experiment tables and charts are those of the committed results") {
   // docs/experiments/NAME/results.json holds every run of a full run; table.md beside it and the
   // table in docs/experiments.md must be what the runner makes of those runs.
