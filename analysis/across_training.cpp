@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include <xtensor/xview.hpp>
 
 #include "qkv/analysis/detail/tally.hpp"
@@ -35,7 +37,8 @@ std::vector<std::vector<double>> prefix_matching(const nn::Transformer& model, s
   return scores;
 }
 
-std::optional<InContext> in_context(const nn::Transformer& model, const tasks::Batch& batch, const MaskArray& key_padding) {
+std::optional<InContext> in_context(const nn::Transformer& model, const tasks::Batch& batch, const MaskArray& key_padding,
+                                    std::optional<std::int64_t> pad) {
   const nn::TransformerConfig& c = model.config();
   const std::size_t B = batch.tokens.shape()[0], T = batch.tokens.shape()[1];
   if (c.readout != nn::Readout::token || c.n_classes != c.vocab_size || T < 8) return std::nullopt;
@@ -44,17 +47,21 @@ std::optional<InContext> in_context(const nn::Transformer& model, const tasks::B
   NoGradGuard no_grad;
   const Array<double> logits = model.forward(batch.tokens, false, key_padding).logits.to(DType::float64).value<double>();
   const std::size_t C = logits.shape()[2], quarter = T / 4;
-  // The cross-entropy of the next token at position t, averaged over the sequences.
+  // The cross-entropy of the next token at position t, averaged over the sequences whose next token
+  // is not padding (NaN where none is).
   const auto next_token_loss = [&](std::size_t t) {
     double sum = 0;
+    std::size_t n = 0;
     for (std::size_t b = 0; b < B; ++b) {
+      if (pad && batch.tokens(b, t + 1) == *pad) continue;
+      ++n;
       double top = -INFINITY;
       for (std::size_t k = 0; k < C; ++k) top = std::max(top, logits(b, t, k));
       double z = 0;
       for (std::size_t k = 0; k < C; ++k) z += std::exp(logits(b, t, k) - top);
       sum += top + std::log(z) - logits(b, t, std::size_t(batch.tokens(b, t + 1)));
     }
-    return sum / double(B);
+    return n ? sum / double(n) : NAN;
   };
   double early = 0, late = 0;
   for (std::size_t t = 0; t < quarter; ++t) early += next_token_loss(t) / double(quarter);
@@ -105,6 +112,9 @@ Formation formation(const AcrossTraining& a) {
 CheckpointMeasures measure_checkpoint(nn::Transformer& model, const tasks::Task& task,
                                       const std::optional<tasks::Corruption>& corruption, std::size_t step,
                                       const MeasureOptions& o) {
+  if (o.sequences == 0 || o.sequences > max_patch_sequences)
+    throw std::invalid_argument(fmt::format("across training: {} held-out sequences (1 to {}: they are one batch)",
+                                            o.sequences, max_patch_sequences));
   CheckpointMeasures m;
   m.step = step;
   Generator gen = tasks::held_out_generator(o.seed);
@@ -117,8 +127,10 @@ CheckpointMeasures measure_checkpoint(nn::Transformer& model, const tasks::Task&
     m.loss = tally.loss();
     m.accuracy = tally.accuracy();
   }
-  m.in_context = in_context(model, batch, mask);
-  const std::vector<HeadDetection> detected = detect_heads(model, detection_sequences(model, task));
+  m.in_context = in_context(model, batch, mask, task.info().pad);
+  // A task that draws no sequences (a run's own) has none for the detectors: their scores stay 0.
+  const auto sequences = detection_sequences(model, task);
+  const std::vector<HeadDetection> detected = sequences.empty() ? std::vector<HeadDetection>{} : detect_heads(model, sequences);
   const auto prefix = prefix_matching(model);
   std::optional<Patching> patched;
   if (corruption)

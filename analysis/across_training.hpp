@@ -11,6 +11,7 @@
 
 #include "qkv/analysis/heads.hpp"
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/analysis/patching.hpp"
 #include "qkv/tasks/registry.hpp"
 
 namespace qkv::analysis {
@@ -64,9 +65,10 @@ struct MeasureOptions {
 std::vector<std::vector<double>> prefix_matching(const nn::Transformer& model, std::size_t sequences = 32,
                                                  std::uint64_t seed = 1);
 
-// The next-token losses early and late in the sequences of `batch` (above); none for a model they
-// do not fit or a batch shorter than 8 tokens.
-std::optional<InContext> in_context(const nn::Transformer& model, const tasks::Batch& batch, const MaskArray& key_padding);
+// The next-token losses early and late in the sequences of `batch` (above), leaving out a next
+// token that is `pad`; none for a model they do not fit or a batch shorter than 8 tokens.
+std::optional<InContext> in_context(const nn::Transformer& model, const tasks::Batch& batch, const MaskArray& key_padding,
+                                    std::optional<std::int64_t> pad = std::nullopt);
 
 // The step of `values` (by step, in order) from which on every value is past half of the way from
 // the first value to the last: when a measure changed, read from the kept checkpoints (the change
@@ -93,7 +95,8 @@ struct Formation {
 };
 Formation formation(const AcrossTraining& across);
 
-// Everything above for `model` as it is after `step` steps.
+// Everything above for `model` as it is after `step` steps; std::invalid_argument for a count of
+// sequences of 0 or past max_patch_sequences.
 CheckpointMeasures measure_checkpoint(nn::Transformer& model, const tasks::Task& task,
                                       const std::optional<tasks::Corruption>& corruption, std::size_t step,
                                       const MeasureOptions& options = {});

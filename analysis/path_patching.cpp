@@ -1,5 +1,7 @@
 #include "qkv/analysis/path_patching.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "qkv/core/autograd.hpp"
@@ -72,18 +74,27 @@ PathPatching path_patch(nn::Transformer& model, const tasks::Task& task, const t
           return value;
         });
       const nn::TransformerOutput direct = model.run_with_hooks(tokens, hooks, false, mask);
-      r.paths.push_back({sl, sh, L, 0, "logits", score_patch(model, direct, pair.clean)});
+      r.paths.push_back({sl, sh, L, 0, "logits", 0, score_patch(model, direct, pair.clean)});
       // Step 2: one receiver's q, k or v from step 1, in the base run.
       for (std::size_t l = sl + 1; l < L; ++l)
         for (std::size_t h = 0; h < heads; ++h)
           for (const char* x : {"q", "k", "v"}) {
             const std::string point = attn_point(l, x);
             const Tensor& from = received[point];
-            // q has a slice per head; k and v one per kv head, which the heads of its group share.
-            const std::size_t slice = h * from.shape()[2] / heads;
+            // q has a slice per head; k and v one per kv head, which the heads of its group share:
+            // patched once, for the group's first head.
+            const std::size_t slice = std::string(x) == "q" ? h : model.blocks[l]->attn.kv_head_of(h);
+            const auto same = std::find_if(r.paths.begin(), r.paths.end(), [&](const PathPatching::Path& p) {
+              return p.sender_layer == sl && p.sender_head == sh && p.receiver_layer == l && p.input == x &&
+                     p.receiver_slice == slice;
+            });
+            if (same != r.paths.end()) {
+              r.paths.push_back({sl, sh, l, h, x, slice, same->patched});
+              continue;
+            }
             const nn::ForwardHook replace = [&](const Tensor& value, const std::string&) { return with_head(value, from, slice); };
             const nn::TransformerOutput out = model.run_with_hooks(tokens, {{point, replace}}, false, mask);
-            r.paths.push_back({sl, sh, l, h, x, score_patch(model, out, pair.clean)});
+            r.paths.push_back({sl, sh, l, h, x, slice, score_patch(model, out, pair.clean)});
           }
     }
   }

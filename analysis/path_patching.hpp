@@ -37,6 +37,9 @@ struct PathPatching {
     std::size_t sender_layer = 0, sender_head = 0;
     std::size_t receiver_layer = 0, receiver_head = 0;  // receiver_layer == layers: the logits
     std::string input;                                   // "q", "k", "v", or "logits"
+    // The head slice patched: the receiver's own for q, its kv head for k and v (the heads of a group
+    // share that path, and its score).
+    std::size_t receiver_slice = 0;
     PatchScore patched;
   };
   // Per sender, in layer and head order: its path into the logits, then into each head of each

@@ -580,14 +580,15 @@ const nn::MultiHeadAttention& attention_of(const nn::Transformer& model, std::si
 
 // A run's inspection, as `qkv inspect DIR` reads it: the input given as token ids, or the task's
 // typical input.
-training::RunInspection inspection_of(const std::string& dir, const py::object& input, bool history) {
+training::RunInspection inspection_of(const std::string& dir, const py::object& input, bool history,
+                                       bool along_training = false) {
   std::optional<std::vector<std::int64_t>> ids;
   if (!input.is_none()) {
     const IndexArray tokens = to_tokens(input);
     if (tokens.shape()[0] != 1) throw std::invalid_argument("input: one sequence of token ids");
     ids = std::vector<std::int64_t>(tokens.begin(), tokens.end());
   }
-  return training::inspect_run(dir, ids, history);
+  return training::inspect_run(dir, ids, history, along_training);
 }
 
 
@@ -725,7 +726,12 @@ PYBIND11_MODULE(_qkv, m) {
             if (targets.is_none())
               throw std::invalid_argument("run_with_cache: incl_bwd=True needs targets, (B, T) token ids or -100, whose loss "
                                           "the gradients are of");
-            const IndexArray wanted = to_tokens(targets);
+            IndexArray wanted;
+            try {
+              wanted = to_tokens(targets);
+            } catch (const std::invalid_argument&) {
+              throw std::invalid_argument("run_with_cache: targets: an array (or list) of integer token ids or -100, (B, T)");
+            }
             if (wanted.shape() != ids.shape())
               throw std::invalid_argument(fmt::format("run_with_cache: targets {} for tokens {}", to_string(Shape(wanted.shape().begin(), wanted.shape().end())),
                                                       to_string(Shape(ids.shape().begin(), ids.shape().end()))));
@@ -917,7 +923,7 @@ PYBIND11_MODULE(_qkv, m) {
   m.def(
       "report_html",
       [](const std::string& dir, const py::object& input) {
-        const training::RunInspection r = inspection_of(dir, input, true);
+        const training::RunInspection r = inspection_of(dir, input, true, true);
         if (const auto* i = std::get_if<analysis::Inspection>(&r)) return report::to_html(*i);
         throw std::invalid_argument(fmt::format("report_html: {} is a seq2seq run; its report is qkv.inspect's", dir));
       },

@@ -139,7 +139,7 @@ void print_across_training(std::ostream& out, const AcrossTraining& a) {
     fmt::print(out, "\n");
     for (const CheckpointMeasures& c : a.checkpoints) {
       fmt::print(out, "{:>8}", c.step);
-      for (const auto& x : c.composition) fmt::print(out, "{:>12.3f}", x.k);
+      for (const auto& x : c.composition) fmt::print(out, "{:>14.3f}", x.k);
       fmt::print(out, "\n");
     }
   }

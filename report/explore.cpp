@@ -31,20 +31,6 @@ std::string packed(const Array<double>& w) {
   return out;
 }
 
-// The steps the page keeps: all, or as many as max_explore_bytes holds, evenly spaced.
-std::vector<std::size_t> kept_steps(std::size_t steps, std::size_t bytes_per_step) {
-  const std::size_t fit = std::max<std::size_t>(2, max_explore_bytes / std::max<std::size_t>(1, bytes_per_step));
-  std::vector<std::size_t> kept;
-  if (steps <= fit) {
-    for (std::size_t i = 0; i < steps; ++i) kept.push_back(i);
-    return kept;
-  }
-  for (std::size_t k = 0; k < fit; ++k) {
-    const std::size_t i = std::size_t(std::llround(double(k) * double(steps - 1) / double(fit - 1)));
-    if (kept.empty() || kept.back() != i) kept.push_back(i);
-  }
-  return kept;
-}
 
 constexpr const char* explore_script_text = R"js((function () {
   const data = JSON.parse(document.getElementById('explore-data').textContent);
@@ -88,24 +74,32 @@ constexpr const char* explore_script_text = R"js((function () {
       ' attends most to key ' + name(top) + ': ' + w[hovered * T + top].toFixed(3)) + '; ' +
       (by === null ? 'no query attends it' : 'the query attending it most is ' + name(by) + ': ' + w[by * T + hovered].toFixed(3));
   }
+  // The picture, built element by element: a token's name is text, never markup.
+  const svgNS = 'http://www.w3.org/2000/svg';
+  const element = (tag, attributes) => {
+    const e = document.createElementNS(svgNS, tag);
+    for (const [k, v] of Object.entries(attributes)) e.setAttribute(k, v);
+    return e;
+  };
   function draw() {
     const w = weights(), cell = Math.max(6, Math.min(18, Math.floor(480 / T))), size = cell * T;
-    const step = data.steps[+slider.value];
-    let svg = '<svg xmlns="http://www.w3.org/2000/svg" width="' + (size + 2) + '" height="' + (size + 2) +
-      '" role="img" aria-label="attention"><g transform="translate(1,1)">';
+    const step = data.steps[+slider.value], when = step.step === null ? 'the trained model' : 'step ' + step.step;
+    const svg = element('svg', {width: size + 2, height: size + 2, role: 'img', 'aria-label': 'attention'});
+    const g = svg.appendChild(element('g', {transform: 'translate(1,1)'}));
     for (let q = 0; q < T; q++)
       for (let k = 0; k < T; k++) {
         const v = w[q * T + k];
-        svg += '<rect x="' + k * cell + '" y="' + q * cell + '" width="' + cell + '" height="' + cell + '" data-q="' + q +
-          '" fill="' + (isNaN(v) ? '#ddd' : shade(v, '33,102,172')) + '"><title>query ' + name(q) + ' → key ' + name(k) +
-          ': ' + (isNaN(v) ? 'masked' : v.toFixed(3)) + '</title></rect>';
+        const r = g.appendChild(element('rect', {x: k * cell, y: q * cell, width: cell, height: cell, 'data-q': q,
+                                                 fill: isNaN(v) ? '#ddd' : shade(v, '33,102,172')}));
+        r.appendChild(element('title', {})).textContent =
+          'query ' + name(q) + ' → key ' + name(k) + ': ' + (isNaN(v) ? 'masked' : v.toFixed(3));
+        r.addEventListener('mouseenter', () => { hovered = q; recolour(); });
       }
-    picture.innerHTML = svg + '<rect width="' + size + '" height="' + size + '" fill="none" stroke="#999"/></g></svg>';
-    for (const r of picture.querySelectorAll('rect[data-q]'))
-      r.addEventListener('mouseenter', () => { hovered = +r.dataset.q; recolour(); });
+    g.appendChild(element('rect', {width: size, height: size, fill: 'none', stroke: '#999'}));
+    picture.replaceChildren(svg);
     document.getElementById('explore-step-label').textContent =
-      'step ' + step.step + (data.steps.length > 1 ? ' (' + (+slider.value + 1) + ' of ' + data.steps.length + ')' : '');
-    about.textContent = headSelect.options[headSelect.selectedIndex].text + ' at step ' + step.step + ': σ ' +
+      when + (data.steps.length > 1 ? ' (' + (+slider.value + 1) + ' of ' + data.steps.length + ')' : '');
+    about.textContent = headSelect.options[headSelect.selectedIndex].text + ' at ' + when + ': σ ' +
       step.sigma[+headSelect.value].toFixed(3) + '. Rows are queries, columns keys; grey is masked.';
     recolour();
   }
@@ -117,6 +111,25 @@ constexpr const char* explore_script_text = R"js((function () {
 )js";
 
 }  // namespace
+
+std::vector<std::size_t> explore_steps(std::size_t steps, std::size_t bytes_per_step) {
+  const std::size_t fit = std::max<std::size_t>(1, max_explore_bytes / std::max<std::size_t>(1, bytes_per_step));
+  std::vector<std::size_t> kept;
+  if (steps <= fit) {
+    for (std::size_t i = 0; i < steps; ++i) kept.push_back(i);
+    return kept;
+  }
+  if (fit == 1) return {steps - 1};
+  for (std::size_t k = 0; k < fit; ++k) {
+    const std::size_t i = std::size_t(std::llround(double(k) * double(steps - 1) / double(fit - 1)));
+    if (kept.empty() || kept.back() != i) kept.push_back(i);
+  }
+  return kept;
+}
+
+std::size_t explore_bytes_per_step(std::size_t layers, std::size_t heads, std::size_t length) {
+  return 2 * layers * heads * length * length;
+}
 
 std::string explore_html(const analysis::Inspection& in) {
   const std::size_t L = in.layers.size(), H = L ? in.layers[0].size() : 0, T = in.input.size();
@@ -134,7 +147,7 @@ std::string explore_html(const analysis::Inspection& in) {
     }
     steps.push_back(std::move(now));
   }
-  const std::vector<std::size_t> kept = kept_steps(steps.size(), 2 * L * H * T * T);
+  const std::vector<std::size_t> kept = explore_steps(steps.size(), explore_bytes_per_step(L, H, T));
   nlohmann::json data = {{"tokens", in.input_names}, {"digits", digits}, {"steps", nlohmann::json::array()}};
   for (const std::size_t i : kept) {
     nlohmann::json attention = nlohmann::json::array(), sigma = nlohmann::json::array();
@@ -143,7 +156,10 @@ std::string explore_html(const analysis::Inspection& in) {
         attention.push_back(packed(steps[i].attention.at(l).at(h)));
         sigma.push_back(steps[i].sigma.at(l).at(h));
       }
-    data["steps"].push_back({{"step", steps[i].step}, {"attention", std::move(attention)}, {"sigma", std::move(sigma)}});
+    // The trained model alone, when the run kept no steps: no step to name.
+    data["steps"].push_back({{"step", in.along_training.empty() ? nlohmann::json() : nlohmann::json(steps[i].step)},
+                             {"attention", std::move(attention)},
+                             {"sigma", std::move(sigma)}});
   }
   std::string s = "<h2 id=\"explore\">Explore</h2>\n<section class=\"explore\">\n<p class=\"legend\">Pick a head; hover a token, or a row "
                   "of the picture, to see where that query attends (blue, the upper strip) and which queries attend it "

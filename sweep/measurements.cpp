@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,11 @@ Json composition(const nn::Transformer& m) {
 // {"L0H0": {previous_token, duplicate_token, induction}, …}, and for each kind the best score over
 // the heads and the layer and head that has it (the first, on a tie): KIND_best, KIND_layer,
 // KIND_head.
+// The head that scores highest as `kind` (the first, on a tie).
+const analysis::HeadDetection& best_head(const std::vector<analysis::HeadDetection>& found, analysis::HeadKind kind) {
+  return *std::max_element(found.begin(), found.end(), [&](const auto& a, const auto& b) { return a.score(kind) < b.score(kind); });
+}
+
 void head_detectors(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
   const std::vector<std::vector<std::int64_t>> sequences =
       analysis::detection_sequences(m, task, analysis::inspect_detection_sequences);
@@ -172,13 +178,11 @@ void head_detectors(Json& run, nn::Transformer& m, const Task& task, const Seque
   for (const analysis::HeadDetection& d : found)
     for (const analysis::HeadKind kind : analysis::all_head_kinds) out[head_name(d.layer, d.head)][analysis::head_kind_name(kind)] = d.score(kind);
   for (const analysis::HeadKind kind : analysis::all_head_kinds) {
-    const auto best = std::max_element(found.begin(), found.end(), [&](const auto& a, const auto& b) {
-      return a.score(kind) < b.score(kind);
-    });
+    const analysis::HeadDetection& best = best_head(found, kind);
     const std::string name = analysis::head_kind_name(kind);
-    out[name + "_best"] = best->score(kind);
-    out[name + "_layer"] = best->layer;
-    out[name + "_head"] = best->head;
+    out[name + "_best"] = best.score(kind);
+    out[name + "_layer"] = best.layer;
+    out[name + "_head"] = best.head;
   }
   run["heads"] = std::move(out);
 }
@@ -247,28 +251,36 @@ std::size_t kv_cache_bytes_per_token(const nn::Transformer& m, const std::vector
 // Path patching (noising, 256 held-out sequences of seed 1, as qkv patch --path --noising) and
 // direct logit attribution (as qkv attribute): {"L0H0": {"logits": share, "L1H0": {q, k, v}}} and
 // {"L0H0": part, …, "logit_diff": …}; with the shares of the best previous-token head into the best
-// induction head (heads above), when it is in an earlier layer: prev_to_induction_{q,k,v}; and
-// sum_{q,k,v}, the shares of every path into a later head's q, k or v, summed.
+// induction head (as the heads measurement finds them), when it is in an earlier layer:
+// prev_to_induction_{q,k,v}; and sum_{q,k,v}, the shares of every path into a later head's q, k or
+// v, summed (a kv head's k and v once, though the heads of its group share them).
 void paths(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
   const analysis::PathPatching p = analysis::path_patch(m, task, *tasks::task_spec(task.info().name).corruption,
                                                         {.noising = true, .sequences = 256, .seed = 1});
+  const auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
   Json shares = Json::object();
   std::map<std::string, double> sums{{"q", 0.0}, {"k", 0.0}, {"v", 0.0}};
+  std::set<std::tuple<std::size_t, std::size_t, std::size_t, std::string, std::size_t>> summed;
   for (const analysis::PathPatching::Path& x : p.paths) {
     const double share = p.loss_share(x);
-    if (x.input != "logits") sums[x.input] += share;
     Json& sender = shares[head_name(x.sender_layer, x.sender_head)];
-    if (x.input == "logits") sender["logits"] = std::isfinite(share) ? Json(share) : Json(nullptr);
-    else sender[head_name(x.receiver_layer, x.receiver_head)][x.input] = std::isfinite(share) ? Json(share) : Json(nullptr);
+    if (x.input == "logits") {
+      sender["logits"] = number(share);
+      continue;
+    }
+    sender[head_name(x.receiver_layer, x.receiver_head)][x.input] = number(share);
+    if (summed.insert({x.sender_layer, x.sender_head, x.receiver_layer, x.input, x.receiver_slice}).second) sums[x.input] += share;
   }
-  if (run.contains("heads") && run["heads"].is_object()) {
-    const Json& h = run["heads"];
-    const std::string from = head_name(h["previous_token_layer"], h["previous_token_head"]);
-    const std::string to = head_name(h["induction_layer"], h["induction_head"]);
-    if (h["previous_token_layer"].get<std::size_t>() < h["induction_layer"].get<std::size_t>())
-      for (const char* x : {"q", "k", "v"}) shares[std::string("prev_to_induction_") + x] = shares[from][to][x];
+  const auto sequences = analysis::detection_sequences(m, task, analysis::inspect_detection_sequences);
+  if (!sequences.empty()) {
+    const std::vector<analysis::HeadDetection> found = analysis::detect_heads(m, sequences);
+    const analysis::HeadDetection &from = best_head(found, analysis::HeadKind::previous_token),
+                                  &to = best_head(found, analysis::HeadKind::induction);
+    if (from.layer < to.layer)
+      for (const char* x : {"q", "k", "v"})
+        shares[std::string("prev_to_induction_") + x] = shares[head_name(from.layer, from.head)][head_name(to.layer, to.head)][x];
   }
-  for (const auto& [input, sum] : sums) shares["sum_" + input] = std::isfinite(sum) ? Json(sum) : Json(nullptr);
+  for (const auto& [input, sum] : sums) shares["sum_" + input] = number(sum);
   run["paths"] = std::move(shares);
   const analysis::LogitAttribution a = analysis::logit_attribution(m, task, {.sequences = 256, .seed = 1});
   Json parts = {{"logit_diff", a.logit_diff}};
@@ -279,9 +291,11 @@ void paths(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
 
 // When the circuit formed, from the checkpoints the run kept (analysis::formation, as inspect
 // --across-training reads it): the half-way steps of the held-out loss and of each head's role
-// score, {"loss": step, "L0H0": {role, step}, …}; with heads (above), the best previous-token and
-// induction heads' steps, the K-composition's between them, and whether those three fall within
-// one kept step of each other (together) and at or before the loss's (before_loss).
+// score, {"loss": step, "L0H0": {role, step}, …}; the half-way steps of the best previous-token
+// head's previous-token score, of the best induction head's induction score (the best at the last
+// checkpoint, as the heads measurement finds them) and of the K-composition between them; and
+// whether those three fall within one kept step of each other (together) and at or before the
+// loss's (before_loss; null where the loss did not change).
 void formation_of(Json& run, const std::string& dir) {
   const analysis::AcrossTraining across = training::across_training_run(dir);
   const analysis::Formation f = analysis::formation(across);
@@ -289,30 +303,38 @@ void formation_of(Json& run, const std::string& dir) {
   Json out = {{"loss", step(f.loss)}, {"in_context", step(f.in_context)}};
   for (const auto& h : f.heads)
     out[head_name(h.layer, h.head)] = {{"role", analysis::head_kind_name(h.role)}, {"step", step(h.step)}};
-  if (run.contains("heads") && run["heads"].is_object()) {
-    const Json& h = run["heads"];
-    const auto head_step = [&](const char* kind) {
-      for (const auto& x : f.heads)
-        if (x.layer == h[std::string(kind) + "_layer"] && x.head == h[std::string(kind) + "_head"]) return x.step;
-      return std::optional<std::size_t>();
-    };
-    std::optional<std::size_t> k;
-    for (const auto& x : f.composition)
-      if (x.from_layer == h["previous_token_layer"] && x.from_head == h["previous_token_head"] &&
-          x.to_layer == h["induction_layer"] && x.to_head == h["induction_head"])
-        k = x.step;
-    const std::optional<std::size_t> prev = head_step("previous_token"), induction = head_step("induction");
-    out["previous_token_step"] = step(prev);
-    out["induction_step"] = step(induction);
-    out["k_composition_step"] = step(k);
-    if (prev && induction && k) {
-      // Within one kept step: no kept step lies strictly between the earliest and the latest.
-      const std::size_t lo = std::min({*prev, *induction, *k}), hi = std::max({*prev, *induction, *k});
-      const bool together = std::none_of(across.checkpoints.begin(), across.checkpoints.end(),
-                                         [&](const analysis::CheckpointMeasures& c) { return c.step > lo && c.step < hi; });
-      out["together"] = together;
-      out["before_loss"] = f.loss && hi <= *f.loss;
-    }
+  std::vector<analysis::HeadDetection> last;
+  for (const auto& layer : across.checkpoints.back().heads)
+    for (const analysis::HeadMeasures& h : layer) last.push_back(h.detection);
+  const analysis::HeadDetection &from = best_head(last, analysis::HeadKind::previous_token),
+                                &to = best_head(last, analysis::HeadKind::induction);
+  // The half-way step of a measure of each checkpoint.
+  const auto half_way = [&](const auto& value) {
+    std::vector<std::pair<std::size_t, double>> series;
+    for (const analysis::CheckpointMeasures& c : across.checkpoints) series.emplace_back(c.step, value(c));
+    return analysis::half_way_step(series);
+  };
+  const std::optional<std::size_t> prev = half_way([&](const analysis::CheckpointMeasures& c) {
+    return c.heads[from.layer][from.head].detection.previous_token;
+  });
+  const std::optional<std::size_t> induction = half_way([&](const analysis::CheckpointMeasures& c) {
+    return c.heads[to.layer][to.head].detection.induction;
+  });
+  std::optional<std::size_t> k;
+  const auto& pairs = across.checkpoints.back().composition;
+  for (std::size_t i = 0; i < pairs.size(); ++i)
+    if (pairs[i].from_layer == from.layer && pairs[i].from_head == from.head && pairs[i].to_layer == to.layer &&
+        pairs[i].to_head == to.head)
+      k = half_way([&](const analysis::CheckpointMeasures& c) { return c.composition[i].k; });
+  out["previous_token_step"] = step(prev);
+  out["induction_step"] = step(induction);
+  out["k_composition_step"] = step(k);
+  if (prev && induction && k) {
+    // Within one kept step: no kept step lies strictly between the earliest and the latest.
+    const std::size_t lo = std::min({*prev, *induction, *k}), hi = std::max({*prev, *induction, *k});
+    out["together"] = std::none_of(across.checkpoints.begin(), across.checkpoints.end(),
+                                   [&](const analysis::CheckpointMeasures& c) { return c.step > lo && c.step < hi; });
+    out["before_loss"] = f.loss ? Json(hi <= *f.loss) : Json(nullptr);
   }
   run["formation"] = std::move(out);
 }

@@ -12,6 +12,7 @@
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/nn/generate.hpp"
+#include "qkv/report/explore.hpp"
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/tasks/vocabulary_task.hpp"
@@ -320,9 +321,10 @@ std::vector<analysis::StepAttention> attention_along_training(const std::string&
   std::vector<analysis::StepAttention> steps;
   if (const auto kept = kept_checkpoints(dir); !kept.empty()) {
     const auto model = load_model(dir);
-    for (const auto& [step, path] : kept) {
-      nn::load_weights(nn::load_safetensors(path), path, *model);
-      steps.push_back(analysis::attention_at_step(*model, input, step));
+    const nn::TransformerConfig& c = model->config();
+    for (const std::size_t i : report::explore_steps(kept.size(), report::explore_bytes_per_step(c.layers, c.heads, input.size()))) {
+      nn::load_weights(nn::load_safetensors(kept[i].second), kept[i].second, *model);
+      steps.push_back(analysis::attention_at_step(*model, input, kept[i].first));
     }
     return steps;
   }
@@ -331,7 +333,8 @@ std::vector<analysis::StepAttention> attention_along_training(const std::string&
   return steps;
 }
 
-RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<std::int64_t>>& input, bool history) {
+RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<std::int64_t>>& input, bool history,
+                          bool along_training) {
   const std::string& dir = run.dir;
   if (run.library_run()) {  // its model and the tokens given
     if (!input)
@@ -353,16 +356,17 @@ RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<st
   }
   const auto model = load_model(dir);
   analysis::Inspection in = analysis::inspect(*model, *run.task, input ? *input : analysis::typical_input(*run.task), dir);
-  if (history) {
-    in.history = analysis::read_history(dir, o.model);
+  if (history) in.history = analysis::read_history(dir, o.model);
+  if (along_training) {
     in.along_training = attention_along_training(dir, in.input, in.history);
     if (!in.along_training.empty()) in.along_training_from = kept_checkpoints(dir).empty() ? "snapshots" : "kept checkpoints";
   }
   return in;
 }
 
-RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history) {
-  return inspect_run(open_run(dir), input, history);
+RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history,
+                          bool along_training) {
+  return inspect_run(open_run(dir), input, history, along_training);
 }
 
 }  // namespace qkv::training

@@ -46,15 +46,16 @@ analysis::PathPatching path_patch_run(const std::string& dir, analysis::PathPatc
 // `qkv attribute DIR`: analysis::logit_attribution on a decoder-only run with the token readout
 // (std::runtime_error naming the run otherwise), masking padding keys as the run trained.
 analysis::LogitAttribution logit_attribution_run(const std::string& dir, analysis::LogitAttributionOptions options);
+// The attention on `input` along training, for the page's slider: at each checkpoint the run kept
+// (train --keep-checkpoints), or else at each snapshot of `history` that read the same input; none
+// otherwise. Of many steps, those the page keeps alone (report::explore_steps): only they are
+// loaded.
+std::vector<analysis::StepAttention> attention_along_training(const std::string& dir, const std::vector<std::int64_t>& input,
+                                                               const analysis::TrainingHistory& history);
 // `qkv inspect DIR --across-training`: analysis::measure_checkpoint at each checkpoint the run kept
 // (train --keep-checkpoints), patching where the task has a corrupted input, masking padding keys
 // as the run trained. std::runtime_error naming the run when it kept none, or naming the file
 // when one does not fit the run's model.
-// The attention on `input` along training, for the page's slider: at each checkpoint the run kept
-// (train --keep-checkpoints), or else at each snapshot of `history` that read the same input; none
-// otherwise. inspect_run fills Inspection::along_training with it when it reads the history.
-std::vector<analysis::StepAttention> attention_along_training(const std::string& dir, const std::vector<std::int64_t>& input,
-                                                               const analysis::TrainingHistory& history);
 analysis::AcrossTraining across_training_run(const std::string& dir, analysis::MeasureOptions options = {});
 
 // The same on the sequences of a data file (tasks::read_dataset: JSON lines of tokens and targets,
@@ -87,12 +88,15 @@ std::unique_ptr<tasks::Task> run_task(const std::string& dir);
 std::vector<std::int64_t> parse_input(const RunInfo& run, const std::string& text);
 
 // What the heads of a run learned on `input` (token ids; none: the task's typical input, or a
-// seq2seq task's typical source), with the run's training history when `history`: an Inspection,
-// or for a seq2seq run an AlignmentInspection. A library program's run needs `input`. What `qkv
-// inspect DIR` shows is report::print_report, to_json, to_html or write_svgs of it.
+// seq2seq task's typical source), with the run's training history when `history`, and with
+// `along_training` the attention along training (attention_along_training, for the page): an
+// Inspection, or for a seq2seq run an AlignmentInspection. A library program's run needs `input`.
+// What `qkv inspect DIR` shows is report::print_report, to_json, to_html or write_svgs of it.
 using RunInspection = std::variant<analysis::Inspection, analysis::AlignmentInspection>;
-RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<std::int64_t>>& input, bool history);
-RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history);
+RunInspection inspect_run(const RunInfo& run, const std::optional<std::vector<std::int64_t>>& input, bool history,
+                          bool along_training = false);
+RunInspection inspect_run(const std::string& dir, const std::optional<std::vector<std::int64_t>>& input, bool history,
+                          bool along_training = false);
 
 // `qkv generate DIR --input TEXT`: what a run writes after `input` (the run's text: its task's, or
 // a library program's token names or ids): the input continued, for a run whose model predicts the

@@ -71,7 +71,7 @@ int run_inspect(const InspectArgs& a) {
     }
   }
   const bool pictures = !a.html.empty() || !a.svg.empty();  // only the pictures draw the training
-  return std::visit([&](const auto& in) { return show(a, in); }, training::inspect_run(run, input, pictures));
+  return std::visit([&](const auto& in) { return show(a, in); }, training::inspect_run(run, input, pictures, !a.html.empty()));
 }
 
 }  // namespace

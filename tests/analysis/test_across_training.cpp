@@ -99,6 +99,10 @@ TEST_CASE("across training: each kept checkpoint measured with its own weights, 
   REQUIRE(charts.size() == 2);
   CHECK_THAT(charts[1].second, Contains("prefix matching"));
 
+  // A count of sequences out of range is refused, naming it, before anything runs.
+  for (const std::size_t n : {std::size_t(0), max_patch_sequences + 1})
+    CHECK_THROWS_WITH(training::across_training_run(o.out, {.sequences = n}),
+                      Contains(fmt::format("across training: {} held-out sequences (1 to 10000", n)));
   // A run that kept none is refused, naming it and the option.
   tasks::TrainOptions plain = short_run("induction", "across_none", 10);
   train(plain, progress, false);

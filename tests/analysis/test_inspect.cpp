@@ -337,6 +337,15 @@ TEST_CASE("inspect --html: the Explore section's attention along training, packe
   CHECK(few["tokens"][0] == "</script><b>");
   CHECK_THAT(thinned, Contains(fmt::format("over an even choice of {} of the run's 100 kept checkpoints", fit)));
   CHECK(thinned.size() < 2'000'000);
+  // A step larger than the bound alone: the last step alone. A run that kept none: the trained
+  // model, with no step to name.
+  CHECK(report::explore_steps(5, report::max_explore_bytes + 1) == std::vector<std::size_t>{4});
+  CHECK(report::explore_steps(3, report::max_explore_bytes / 3) == std::vector<std::size_t>{0, 1, 2});
+  in.along_training.clear();
+  const nlohmann::json alone = data_of(to_html(in));
+  REQUIRE(alone["steps"].size() == 1);
+  CHECK(alone["steps"][0]["step"].is_null());
+  CHECK(alone["steps"][0]["sigma"][3 * 4 + 2].get<double>() == in.layers[3][2].sigma);
   std::filesystem::remove_all(o.out);
 }
 

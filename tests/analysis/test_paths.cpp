@@ -80,9 +80,10 @@ TEST_CASE("path patching: each path against the same two runs made by hand, and 
 }
 
 TEST_CASE("path patching: heads that share a kv head share their k and v paths, and the report") {
+  // Four query heads on two kv heads: heads 0 and 1 read kv head 0, heads 2 and 3 kv head 1.
   nn::TransformerConfig c = tasks::default_options("induction").model;
-  c.heads = 2;
-  c.kv_heads = 1;
+  c.heads = 4;
+  c.kv_heads = 2;
   c.dtype = DType::float64;
   Generator gen(8);
   nn::Transformer model(c, gen);
@@ -91,12 +92,28 @@ TEST_CASE("path patching: heads that share a kv head share their k and v paths, 
   for (const char* x : {"k", "v"}) {
     INFO(x);
     check_same(path_of(r, 0, 0, x, 1, 0).patched, path_of(r, 0, 0, x, 1, 1).patched);
+    check_same(path_of(r, 0, 0, x, 1, 2).patched, path_of(r, 0, 0, x, 1, 3).patched);
+    CHECK(path_of(r, 0, 0, x, 1, 0).patched.loss != path_of(r, 0, 0, x, 1, 2).patched.loss);
+    CHECK(path_of(r, 0, 0, x, 1, 3).receiver_slice == 1);
+  }
+  // By hand: kv head 1's k in layer 1, taken from the run with L0H0's output from the other run.
+  {
+    const PatchPair pair = patch_pair(model, setup.task, setup.corruption, 16, 1);
+    const nn::ActivationCache clean = model.run_with_cache(pair.clean.tokens), corrupt = model.run_with_cache(pair.corrupt.tokens);
+    nn::Activations step1;
+    const nn::NamedHooks hooks = {
+        {"blocks.0.attn.hook_z", [&](const Tensor& z, const std::string&) { return head_from(z, corrupt["blocks.0.attn.hook_z"], 0); }},
+        {"blocks.1.attn.hook_k", [&](const Tensor& k, const std::string& name) { step1.activations.emplace_back(name, k); return k; }},
+        {"blocks.1.attn.hook_z", [&](const Tensor&, const std::string&) { return clean["blocks.1.attn.hook_z"]; }}};
+    model.run_with_hooks(pair.clean.tokens, hooks);
+    const nn::ForwardHook put_k = [&](const Tensor& k, const std::string&) { return head_from(k, step1["blocks.1.attn.hook_k"], 1); };
+    check_same(path_of(r, 0, 0, "k", 1, 2).patched, scored(model, model.run_with_hooks(pair.clean.tokens, {{"blocks.1.attn.hook_k", put_k}}), pair.clean));
   }
   CHECK(path_of(r, 0, 0, "q", 1, 0).patched.loss != path_of(r, 0, 0, "q", 1, 1).patched.loss);
 
   const nlohmann::json j = report::to_json(r);
   REQUIRE(j.at("paths").size() == r.paths.size());
-  CHECK(j.at("paths")[2].at("sender") == "L0H0");
+  CHECK(j.at("paths")[2].at("sender") == "L0H0");  // logits, then L1H0's q, k, v
   CHECK(j.at("paths")[2].at("receiver") == "L1H0");
   CHECK(j.at("paths")[2].at("input") == "k");
   CHECK(j.at("paths")[2].at("loss_share").get<double>() == r.loss_share(r.paths[2]));

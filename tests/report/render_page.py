@@ -205,29 +205,33 @@ EXPLORE_STATE = r"""
   if (!head) return JSON.stringify(null);
   const slider = document.getElementById('explore-step');
   const cells = [...document.querySelectorAll('#explore-picture rect[data-q]')].map(r => r.getAttribute('fill'));
-  const alpha = s => { const m = /rgba\(.*,\s*([\d.]+)\)/.exec(s.style.background); return m ? +m[1] : 0; };
-  const attends = [...document.querySelectorAll('#explore-attends span')];
+  // A strip's colour's alpha: rgba(r, g, b, a), or rgb(r, g, b) for a = 1; 0 when it has none.
+  const alpha = s => {
+    const m = /rgba?\(([^)]*)\)/.exec(s.style.background);
+    if (!m) return 0;
+    const parts = m[1].split(',');
+    return parts.length === 4 ? +parts[3] : 1;
+  };
+  const strip = id => [...document.querySelectorAll('#' + id + ' span')];
+  const attends = strip('explore-attends'), attended = strip('explore-attended');
   const hovered = attends.findIndex(s => s.classList.contains('hovered'));
-  let expected = null;
-  if (hovered >= 0) {  // the data's own argmax of the hovered query's row, decoded here
+  // The hovered query's row and its key's column of the data, decoded here, apart from the page.
+  let row = null, column = null;
+  if (hovered >= 0) {
     const data = JSON.parse(document.getElementById('explore-data').textContent), T = data.tokens.length;
     const s = data.steps[+slider.value].attention[+head.value];
-    let best = -1, top = -1;
-    for (let k = 0; k < T; k++) {
-      const c = s.substr(2 * (hovered * T + k), 2);
-      if (c === '~~') continue;
-      const v = data.digits.indexOf(c[0]) * 64 + data.digits.indexOf(c[1]);
-      if (v > best) best = v, top = k;
-    }
-    expected = top;
+    const at = i => {
+      const c = s.substr(2 * i, 2);
+      return c === '~~' ? null : (data.digits.indexOf(c[0]) * 64 + data.digits.indexOf(c[1])) / 4095;
+    };
+    row = [], column = [];
+    for (let j = 0; j < T; j++) row.push(at(hovered * T + j)), column.push(at(j * T + hovered));
   }
-  const shown = attends.map(alpha);
   return JSON.stringify({
     heads: head.options.length, steps: +slider.max + 1, head: head.value, step: slider.value,
     cells: cells.length, digest: cells.join('|'), label: document.getElementById('explore-step-label').textContent,
     about: document.getElementById('explore-about').textContent, hover: document.getElementById('explore-hover').textContent,
-    hovered, strongest: shown.indexOf(Math.max(...shown)), expected,
-    strongestAlpha: Math.max(...shown), expectedAlpha: expected === null ? null : shown[expected]
+    hovered, row, column, blue: attends.map(alpha), red: attended.map(alpha)
   });
 })()
 """
@@ -275,10 +279,17 @@ def drive_explore(browser, session):
     last = round(after["cells"] ** 0.5) - 1  # the picture is T × T
     if after["hovered"] != last:
         problems.append("Explore: hovering the last token (%d) marked %d" % (last, after["hovered"]))
-    # The strip's strongest colour is the data's strongest key (or one as strong: ties at init).
-    if after["expected"] is None or after["expectedAlpha"] < after["strongestAlpha"] - 0.0015:
-        problems.append("Explore: the hovered query's strongest key is shown at %s, its data say %s"
-                        % (after["strongest"], after["expected"]))
+    # Each strip's colours are the data's: the blue one the hovered query's row (where it attends),
+    # the red one its column (the queries that attend it), each cell's alpha its weight (as the
+    # browser keeps it: in steps of 1/255, after the page's 3 decimals).
+    for colour, weights in (("blue", after["row"]), ("red", after["column"])):
+        shown = after[colour]
+        if weights is None or len(shown) != len(weights):
+            problems.append("Explore: no %s strip to compare" % colour)
+            continue
+        wrong = [j for j, w in enumerate(weights) if abs((w or 0) - shown[j]) > 1 / 255 + 0.001]
+        if wrong or max(shown) <= 0:
+            problems.append("Explore: the %s strip's colours differ from the data at %s (shown %s)" % (colour, wrong[:5], shown[:8]))
     if not after["hover"].startswith("query %d (" % after["hovered"]):
         problems.append("Explore: the hover line reads '%s'" % after["hover"])
     hover('#explore-picture rect[data-q="1"]')
