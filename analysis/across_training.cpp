@@ -1,5 +1,6 @@
 #include "qkv/analysis/across_training.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -37,15 +38,14 @@ std::vector<std::vector<double>> prefix_matching(const nn::Transformer& model, s
   return scores;
 }
 
-std::optional<InContext> in_context(const nn::Transformer& model, const tasks::Batch& batch, const MaskArray& key_padding,
+std::optional<InContext> in_context(const nn::Transformer& model, const nn::TransformerOutput& out, const tasks::Batch& batch,
                                     std::optional<std::int64_t> pad) {
   const nn::TransformerConfig& c = model.config();
   const std::size_t B = batch.tokens.shape()[0], T = batch.tokens.shape()[1];
   if (c.readout != nn::Readout::token || c.n_classes != c.vocab_size || T < 8) return std::nullopt;
   for (std::size_t l = 0; l < model.blocks.size(); ++l)
     if (!model.causal(l)) return std::nullopt;
-  NoGradGuard no_grad;
-  const Array<double> logits = model.forward(batch.tokens, false, key_padding).logits.to(DType::float64).value<double>();
+  const Array<double> logits = out.logits.to(DType::float64).value<double>();
   const std::size_t C = logits.shape()[2], quarter = T / 4;
   // The cross-entropy of the next token at position t, averaged over the sequences whose next token
   // is not padding (NaN where none is).
@@ -106,28 +106,48 @@ Formation formation(const AcrossTraining& a) {
     f.composition.push_back({x.from_layer, x.from_head, x.to_layer, x.to_head,
                              half_way_step(series([&](const CheckpointMeasures& c) { return c.composition[i].k; }))});
   }
+  std::vector<HeadDetection> detected;
+  for (const auto& layer : last.heads)
+    for (const HeadMeasures& h : layer) detected.push_back(h.detection);
+  if (detected.empty()) return f;
+  Formation::Circuit& c = f.circuit;
+  c.previous_token = best_head(detected, HeadKind::previous_token);
+  c.induction = best_head(detected, HeadKind::induction);
+  const auto score_step = [&](const HeadDetection& d, HeadKind kind) {
+    return half_way_step(series([&](const CheckpointMeasures& m) { return m.heads[d.layer][d.head].detection.score(kind); }));
+  };
+  c.previous_token_step = score_step(c.previous_token, HeadKind::previous_token);
+  c.induction_step = score_step(c.induction, HeadKind::induction);
+  for (const Formation::Pair& p : f.composition)
+    if (p.from_layer == c.previous_token.layer && p.from_head == c.previous_token.head && p.to_layer == c.induction.layer &&
+        p.to_head == c.induction.head)
+      c.k_composition_step = p.step;
+  if (c.previous_token_step && c.induction_step && c.k_composition_step) {
+    const std::size_t lo = std::min({*c.previous_token_step, *c.induction_step, *c.k_composition_step}),
+                      hi = std::max({*c.previous_token_step, *c.induction_step, *c.k_composition_step});
+    c.together = std::none_of(a.checkpoints.begin(), a.checkpoints.end(),
+                              [&](const CheckpointMeasures& m) { return m.step > lo && m.step < hi; });
+    if (f.loss) c.before_loss = hi <= *f.loss;
+  }
   return f;
 }
 
 CheckpointMeasures measure_checkpoint(nn::Transformer& model, const tasks::Task& task,
                                       const std::optional<tasks::Corruption>& corruption, std::size_t step,
                                       const MeasureOptions& o) {
-  if (o.sequences == 0 || o.sequences > max_patch_sequences)
-    throw std::invalid_argument(fmt::format("across training: {} held-out sequences (1 to {}: they are one batch)",
-                                            o.sequences, max_patch_sequences));
   CheckpointMeasures m;
   m.step = step;
-  Generator gen = tasks::held_out_generator(o.seed);
-  const tasks::Batch batch = task.sample(o.sequences, gen);
-  const MaskArray mask = tasks::key_padding(model, task, batch.tokens, o.mask_padding);
+  const HeldOutBatch held = held_out_batch(model, task, o.sequences, o.seed, o.mask_padding, "across training");
   {
+    // One forward for the loss, the accuracy and the in-context score.
     NoGradGuard no_grad;
+    const nn::TransformerOutput out = model.forward(held.batch.tokens, false, held.mask);
     detail::Tally tally;
-    tally.add(model, model.forward(batch.tokens, false, mask), batch);
+    tally.add(model, out, held.batch);
     m.loss = tally.loss();
     m.accuracy = tally.accuracy();
+    m.in_context = in_context(model, out, held.batch, task.info().pad);
   }
-  m.in_context = in_context(model, batch, mask, task.info().pad);
   // A task that draws no sequences (a run's own) has none for the detectors: their scores stay 0.
   const auto sequences = detection_sequences(model, task);
   const std::vector<HeadDetection> detected = sequences.empty() ? std::vector<HeadDetection>{} : detect_heads(model, sequences);

@@ -65,9 +65,10 @@ struct MeasureOptions {
 std::vector<std::vector<double>> prefix_matching(const nn::Transformer& model, std::size_t sequences = 32,
                                                  std::uint64_t seed = 1);
 
-// The next-token losses early and late in the sequences of `batch` (above), leaving out a next
-// token that is `pad`; none for a model they do not fit or a batch shorter than 8 tokens.
-std::optional<InContext> in_context(const nn::Transformer& model, const tasks::Batch& batch, const MaskArray& key_padding,
+// The next-token losses early and late in the sequences of `batch` (above), from `out`, the model's
+// forward on them, leaving out a next token that is `pad`; none for a model they do not fit or a
+// batch shorter than 8 tokens.
+std::optional<InContext> in_context(const nn::Transformer& model, const nn::TransformerOutput& out, const tasks::Batch& batch,
                                     std::optional<std::int64_t> pad = std::nullopt);
 
 // The step of `values` (by step, in order) from which on every value is past half of the way from
@@ -92,6 +93,17 @@ struct Formation {
     std::optional<std::size_t> step;  // of the K-composition
   };
   std::vector<Pair> composition;
+  // The induction circuit: the best previous-token head and the best induction head at the last
+  // checkpoint (best_head), the half-way steps of each one's score of that kind and of the
+  // K-composition between them (none unless the first is in an earlier layer), whether the three
+  // fall within one kept step of each other (no kept step strictly between the earliest and the
+  // latest), and whether at or before the loss's.
+  struct Circuit {
+    HeadDetection previous_token, induction;
+    std::optional<std::size_t> previous_token_step, induction_step, k_composition_step;
+    std::optional<bool> together, before_loss;
+  };
+  Circuit circuit;
 };
 Formation formation(const AcrossTraining& across);
 

@@ -95,6 +95,11 @@ std::vector<HeadDetection> detect_heads(const nn::Transformer& model, const std:
   return out;
 }
 
+const HeadDetection& best_head(const std::vector<HeadDetection>& found, HeadKind kind) {
+  if (found.empty()) throw std::invalid_argument("best_head: no heads");
+  return *std::max_element(found.begin(), found.end(), [&](const auto& a, const auto& b) { return a.score(kind) < b.score(kind); });
+}
+
 std::vector<std::vector<std::int64_t>> detection_sequences(const nn::Transformer& model, const tasks::Task& task,
                                                            std::size_t count) {
   if (!task.info().draws) return {};

@@ -46,6 +46,9 @@ struct HeadDetection {
 // enters; each of 2 to max_len tokens of the vocabulary, else std::invalid_argument naming the
 // sequence).
 std::vector<HeadDetection> detect_heads(const nn::Transformer& model, const std::vector<std::vector<std::int64_t>>& sequences);
+// The head of `found` that scores highest as `kind` (the first, on a tie); std::invalid_argument
+// for none.
+const HeadDetection& best_head(const std::vector<HeadDetection>& found, HeadKind kind);
 
 // What inspect's head detectors (and the sweep measurement `heads`) read of a task: its first
 // `count` held-out sequences (tasks::held_out_sequences, seed 0) that the model can read, of 2 to

@@ -67,13 +67,8 @@ LogitAttribution logit_attribution(nn::Transformer& model, const tasks::Task& ta
   if (model.config().readout != nn::Readout::token)
     throw std::invalid_argument(
         "logit_attribution: the model's readout is pointer (attention scores), not a token readout to attribute through");
-  if (o.sequences == 0 || o.sequences > max_patch_sequences)
-    throw std::invalid_argument(
-        fmt::format("logit_attribution: {} sequences (1 to {}: they are one batch)", o.sequences, max_patch_sequences));
   const std::size_t L = model.blocks.size();
-  Generator gen = tasks::held_out_generator(o.seed);
-  const tasks::Batch batch = task.sample(o.sequences, gen);
-  const MaskArray mask = tasks::key_padding(model, task, batch.tokens, o.mask_padding);
+  const auto [batch, mask] = held_out_batch(model, task, o.sequences, o.seed, o.mask_padding, "logit_attribution");
   std::vector<std::string> points{"hook_embed", "hook_pos_embed", fmt::format("blocks.{}.hook_resid_post", L - 1)};
   for (std::size_t l = 0; l < L; ++l) {
     points.push_back(fmt::format("blocks.{}.attn.hook_z", l));

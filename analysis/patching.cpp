@@ -163,17 +163,26 @@ class KeepParameterGradients {
 
 }  // namespace
 
-PatchPair patch_pair(const nn::Transformer& model, const tasks::Task& task, const tasks::Corruption& corruption,
-                     std::size_t sequences, std::uint64_t seed, bool mask_padding) {
+HeldOutBatch held_out_batch(const nn::Transformer& model, const tasks::Task& task, std::size_t sequences, std::uint64_t seed,
+                            bool mask_padding, const char* op) {
   if (sequences == 0 || sequences > max_patch_sequences)
     throw std::invalid_argument(
-        fmt::format("patch: {} sequences (1 to {}: they are one batch)", sequences, max_patch_sequences));
+        fmt::format("{}: {} held-out sequences (1 to {}: they are one batch)", op, sequences, max_patch_sequences));
+  Generator gen = tasks::held_out_generator(seed);
+  HeldOutBatch h{task.sample(sequences, gen), {}};
+  h.mask = tasks::key_padding(model, task, h.batch.tokens, mask_padding);
+  return h;
+}
+
+PatchPair patch_pair(const nn::Transformer& model, const tasks::Task& task, const tasks::Corruption& corruption,
+                     std::size_t sequences, std::uint64_t seed, bool mask_padding) {
+  HeldOutBatch clean = held_out_batch(model, task, sequences, seed, mask_padding, "patch");
   PatchPair s;
-  Generator gen = tasks::held_out_generator(seed), corrupt_gen(tasks::held_out_generator(seed).next_u64());
-  s.clean = task.sample(sequences, gen);
+  Generator corrupt_gen(tasks::held_out_generator(seed).next_u64());
+  s.clean = std::move(clean.batch);
+  s.clean_mask = std::move(clean.mask);
   s.corrupt = s.clean;
   s.corrupt.tokens = corruption.make(task, s.clean, corrupt_gen);
-  s.clean_mask = tasks::key_padding(model, task, s.clean.tokens, mask_padding);
   s.corrupt_mask = tasks::key_padding(model, task, s.corrupt.tokens, mask_padding);
   return s;
 }

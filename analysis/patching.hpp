@@ -56,6 +56,16 @@ struct PatchOptions {
   bool mask_padding = true;
 };
 
+// The task's held-out sequences of `seed`, drawn as one batch of `sequences`, with its padding mask
+// (tasks::key_padding): what patching, attribution and the measures along training read.
+// std::invalid_argument naming `op` for a count of 0 or past max_patch_sequences.
+struct HeldOutBatch {
+  tasks::Batch batch;
+  MaskArray mask;
+};
+HeldOutBatch held_out_batch(const nn::Transformer& model, const tasks::Task& task, std::size_t sequences, std::uint64_t seed,
+                            bool mask_padding, const char* op);
+
 // The batches patching compares: the task's held-out sequences of `seed` (one batch of
 // `sequences`) and their corruption, scored on the clean targets, each with its padding mask
 // (tasks::key_padding). std::invalid_argument for a count of 0 or past max_patch_sequences.

@@ -23,6 +23,7 @@
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/tasks/find_spec.hpp"
+#include "qkv/report/heatmap.hpp"
 #include "qkv/training/run_analysis.hpp"
 
 namespace qkv::sweep {
@@ -134,8 +135,7 @@ void self_attention(Json& run, nn::Transformer& m, const Task&, const Sequences&
   run["query_length_cv"] = heads ? Json(spread / double(heads)) : Json();
 }
 
-// "L1H0": a head as `qkv inspect` and `qkv ablate` name it.
-std::string head_name(std::size_t layer, std::size_t head) { return fmt::format("L{}H{}", layer, head); }
+using report::head_label;
 
 // The readout head's token table (query token, key token: the score it gives when the stream holds
 // that token's embedding alone, as `qkv inspect` draws it), by the tokens' names.
@@ -153,7 +153,7 @@ void token_table(Json& run, nn::Transformer& m, const Task& task, const Sequence
 Json composition(const nn::Transformer& m) {
   Json out = Json::object();
   for (const analysis::HeadComposition& c : analysis::compositions(m))
-    out[head_name(c.from_layer, c.from_head)][head_name(c.to_layer, c.to_head)] = {{"q", c.q}, {"k", c.k}, {"v", c.v}};
+    out[head_label(c.from_layer, c.from_head)][head_label(c.to_layer, c.to_head)] = {{"q", c.q}, {"k", c.k}, {"v", c.v}};
   return out;
 }
 
@@ -161,11 +161,6 @@ Json composition(const nn::Transformer& m) {
 // {"L0H0": {previous_token, duplicate_token, induction}, …}, and for each kind the best score over
 // the heads and the layer and head that has it (the first, on a tie): KIND_best, KIND_layer,
 // KIND_head.
-// The head that scores highest as `kind` (the first, on a tie).
-const analysis::HeadDetection& best_head(const std::vector<analysis::HeadDetection>& found, analysis::HeadKind kind) {
-  return *std::max_element(found.begin(), found.end(), [&](const auto& a, const auto& b) { return a.score(kind) < b.score(kind); });
-}
-
 void head_detectors(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
   const std::vector<std::vector<std::int64_t>> sequences =
       analysis::detection_sequences(m, task, analysis::inspect_detection_sequences);
@@ -176,9 +171,9 @@ void head_detectors(Json& run, nn::Transformer& m, const Task& task, const Seque
   const std::vector<analysis::HeadDetection> found = analysis::detect_heads(m, sequences);
   Json out = Json::object();
   for (const analysis::HeadDetection& d : found)
-    for (const analysis::HeadKind kind : analysis::all_head_kinds) out[head_name(d.layer, d.head)][analysis::head_kind_name(kind)] = d.score(kind);
+    for (const analysis::HeadKind kind : analysis::all_head_kinds) out[head_label(d.layer, d.head)][analysis::head_kind_name(kind)] = d.score(kind);
   for (const analysis::HeadKind kind : analysis::all_head_kinds) {
-    const analysis::HeadDetection& best = best_head(found, kind);
+    const analysis::HeadDetection& best = analysis::best_head(found, kind);
     const std::string name = analysis::head_kind_name(kind);
     out[name + "_best"] = best.score(kind);
     out[name + "_layer"] = best.layer;
@@ -204,7 +199,7 @@ void ablation(Json& run, nn::Transformer& m, const Task& task, const Sequences&)
   std::size_t needed = 0;
   for (const analysis::HeadAblation& h : a.heads) {
     if (!h.read) continue;
-    out[head_name(h.layer, h.head)] = {{"zero", h.zero.accuracy},
+    out[head_label(h.layer, h.head)] = {{"zero", h.zero.accuracy},
                                        {"mean", h.mean.accuracy},
                                        {"noising_share", optional(h.noising_share)},
                                        {"denoising_share", optional(h.denoising_share)},
@@ -227,7 +222,7 @@ void alignment(Json& run, nn::EncoderDecoder& m, const tasks::Seq2SeqTask& task)
   Json heads = Json::object();
   for (const auto& layer : in.layers)
     for (const analysis::CrossHead& h : layer)
-      heads[head_name(h.layer, h.head)] = {{"weight", h.held_out}, {"top1", h.top1}, {"sigma", h.sigma}};
+      heads[head_label(h.layer, h.head)] = {{"weight", h.held_out}, {"top1", h.top1}, {"sigma", h.sigma}};
   // The last decoder layer's, as any_head_top1 is.
   double best = 0;
   for (const analysis::CrossHead& h : in.layers.back()) best = std::max(best, h.held_out);
@@ -263,79 +258,49 @@ void paths(Json& run, nn::Transformer& m, const Task& task, const Sequences&) {
   std::set<std::tuple<std::size_t, std::size_t, std::size_t, std::string, std::size_t>> summed;
   for (const analysis::PathPatching::Path& x : p.paths) {
     const double share = p.loss_share(x);
-    Json& sender = shares[head_name(x.sender_layer, x.sender_head)];
+    Json& sender = shares[head_label(x.sender_layer, x.sender_head)];
     if (x.input == "logits") {
       sender["logits"] = number(share);
       continue;
     }
-    sender[head_name(x.receiver_layer, x.receiver_head)][x.input] = number(share);
+    sender[head_label(x.receiver_layer, x.receiver_head)][x.input] = number(share);
     if (summed.insert({x.sender_layer, x.sender_head, x.receiver_layer, x.input, x.receiver_slice}).second) sums[x.input] += share;
   }
   const auto sequences = analysis::detection_sequences(m, task, analysis::inspect_detection_sequences);
   if (!sequences.empty()) {
     const std::vector<analysis::HeadDetection> found = analysis::detect_heads(m, sequences);
-    const analysis::HeadDetection &from = best_head(found, analysis::HeadKind::previous_token),
-                                  &to = best_head(found, analysis::HeadKind::induction);
+    const analysis::HeadDetection &from = analysis::best_head(found, analysis::HeadKind::previous_token),
+                                  &to = analysis::best_head(found, analysis::HeadKind::induction);
     if (from.layer < to.layer)
       for (const char* x : {"q", "k", "v"})
-        shares[std::string("prev_to_induction_") + x] = shares[head_name(from.layer, from.head)][head_name(to.layer, to.head)][x];
+        shares[std::string("prev_to_induction_") + x] = shares[head_label(from.layer, from.head)][head_label(to.layer, to.head)][x];
   }
   for (const auto& [input, sum] : sums) shares["sum_" + input] = number(sum);
   run["paths"] = std::move(shares);
   const analysis::LogitAttribution a = analysis::logit_attribution(m, task, {.sequences = 256, .seed = 1});
   Json parts = {{"logit_diff", a.logit_diff}};
   for (std::size_t l = 0; l < a.heads.size(); ++l)
-    for (std::size_t k = 0; k < a.heads[l].size(); ++k) parts[head_name(l, k)] = a.heads[l][k];
+    for (std::size_t k = 0; k < a.heads[l].size(); ++k) parts[head_label(l, k)] = a.heads[l][k];
   run["logit_attribution"] = std::move(parts);
 }
 
 // When the circuit formed, from the checkpoints the run kept (analysis::formation, as inspect
 // --across-training reads it): the half-way steps of the held-out loss and of each head's role
-// score, {"loss": step, "L0H0": {role, step}, …}; the half-way steps of the best previous-token
-// head's previous-token score, of the best induction head's induction score (the best at the last
-// checkpoint, as the heads measurement finds them) and of the K-composition between them; and
-// whether those three fall within one kept step of each other (together) and at or before the
-// loss's (before_loss; null where the loss did not change).
+// score, {"loss": step, "L0H0": {role, step}, …}, and of the induction circuit (Formation::Circuit):
+// previous_token_step, induction_step, k_composition_step, together and before_loss (null where
+// not defined).
 void formation_of(Json& run, const std::string& dir) {
-  const analysis::AcrossTraining across = training::across_training_run(dir);
-  const analysis::Formation f = analysis::formation(across);
-  const auto step = [](const std::optional<std::size_t>& s) { return s ? Json(*s) : Json(nullptr); };
-  Json out = {{"loss", step(f.loss)}, {"in_context", step(f.in_context)}};
+  const analysis::Formation f = analysis::formation(training::across_training_run(dir));
+  const auto value = [](const auto& v) { return v ? Json(*v) : Json(nullptr); };
+  Json out = {{"loss", value(f.loss)}, {"in_context", value(f.in_context)}};
   for (const auto& h : f.heads)
-    out[head_name(h.layer, h.head)] = {{"role", analysis::head_kind_name(h.role)}, {"step", step(h.step)}};
-  std::vector<analysis::HeadDetection> last;
-  for (const auto& layer : across.checkpoints.back().heads)
-    for (const analysis::HeadMeasures& h : layer) last.push_back(h.detection);
-  const analysis::HeadDetection &from = best_head(last, analysis::HeadKind::previous_token),
-                                &to = best_head(last, analysis::HeadKind::induction);
-  // The half-way step of a measure of each checkpoint.
-  const auto half_way = [&](const auto& value) {
-    std::vector<std::pair<std::size_t, double>> series;
-    for (const analysis::CheckpointMeasures& c : across.checkpoints) series.emplace_back(c.step, value(c));
-    return analysis::half_way_step(series);
-  };
-  const std::optional<std::size_t> prev = half_way([&](const analysis::CheckpointMeasures& c) {
-    return c.heads[from.layer][from.head].detection.previous_token;
-  });
-  const std::optional<std::size_t> induction = half_way([&](const analysis::CheckpointMeasures& c) {
-    return c.heads[to.layer][to.head].detection.induction;
-  });
-  std::optional<std::size_t> k;
-  const auto& pairs = across.checkpoints.back().composition;
-  for (std::size_t i = 0; i < pairs.size(); ++i)
-    if (pairs[i].from_layer == from.layer && pairs[i].from_head == from.head && pairs[i].to_layer == to.layer &&
-        pairs[i].to_head == to.head)
-      k = half_way([&](const analysis::CheckpointMeasures& c) { return c.composition[i].k; });
-  out["previous_token_step"] = step(prev);
-  out["induction_step"] = step(induction);
-  out["k_composition_step"] = step(k);
-  if (prev && induction && k) {
-    // Within one kept step: no kept step lies strictly between the earliest and the latest.
-    const std::size_t lo = std::min({*prev, *induction, *k}), hi = std::max({*prev, *induction, *k});
-    out["together"] = std::none_of(across.checkpoints.begin(), across.checkpoints.end(),
-                                   [&](const analysis::CheckpointMeasures& c) { return c.step > lo && c.step < hi; });
-    out["before_loss"] = f.loss ? Json(hi <= *f.loss) : Json(nullptr);
-  }
+    out[head_label(h.layer, h.head)] = {{"role", analysis::head_kind_name(h.role)}, {"step", value(h.step)}};
+  const analysis::Formation::Circuit& c = f.circuit;
+  out["previous_token_step"] = value(c.previous_token_step);
+  out["induction_step"] = value(c.induction_step);
+  out["k_composition_step"] = value(c.k_composition_step);
+  if (c.together) out["together"] = *c.together;
+  if (c.together) out["before_loss"] = value(c.before_loss);
   run["formation"] = std::move(out);
 }
 

@@ -86,6 +86,18 @@ std::string dashed(std::string_view name) {
   return out;
 }
 
+// Why a text option's value is refused: not text, or what `parse` throws of it; "" when it reads.
+template <class Parse>
+std::string text_refusal(const nlohmann::json& value, const char* what, Parse parse) {
+  if (!value.is_string()) return fmt::format("must be {}, got '{}'", what, value_text(value));
+  try {
+    parse(value.get<std::string>());
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 const std::vector<RunOption>& run_option_table() {
@@ -149,21 +161,9 @@ std::string refusal(const RunOption& option, const nlohmann::json& value) {
     case Kind::flag:
       return flag_of(value) ? "" : fmt::format("must be true or false, got '{}'", value_text(value));
     case Kind::masks:
-      if (!value.is_string()) return fmt::format("must be causal or bidirectional, or one per layer, got '{}'", value_text(value));
-      try {
-        attention_masks(value.get<std::string>());
-      } catch (const std::invalid_argument& e) {
-        return e.what();
-      }
-      return "";
+      return text_refusal(value, "causal or bidirectional, or one per layer", [](const std::string& t) { attention_masks(t); });
     case Kind::schedule:
-      if (!value.is_string()) return fmt::format("must be log or every:N, got '{}'", value_text(value));
-      try {
-        keep_schedule(value.get<std::string>());
-      } catch (const std::invalid_argument& e) {
-        return e.what();
-      }
-      return "";
+      return text_refusal(value, "log or every:N", [](const std::string& t) { keep_schedule(t); });
   }
   return "";
 }

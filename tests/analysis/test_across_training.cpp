@@ -27,13 +27,49 @@ TEST_CASE("across training: the half-way step of a series, by hand") {
   CHECK(half_way_step(Series{{0, 1}}) == std::nullopt);
 }
 
+TEST_CASE("across training: the circuit's formation from series made by hand") {
+  // Two layers of one head; L0H0 becomes a previous-token head and L1H0 an induction head.
+  const auto made = [](std::vector<std::size_t> steps, std::vector<double> previous, std::vector<double> induction,
+                       std::vector<double> k, std::vector<double> loss) {
+    AcrossTraining a;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      CheckpointMeasures c;
+      c.step = steps[i];
+      c.loss = loss[i];
+      c.heads = {{HeadMeasures{}}, {HeadMeasures{}}};
+      c.heads[0][0].detection = {.layer = 0, .head = 0, .previous_token = previous[i], .duplicate_token = 0, .induction = 0.01};
+      c.heads[1][0].detection = {.layer = 1, .head = 0, .previous_token = 0.02, .duplicate_token = 0, .induction = induction[i]};
+      c.composition = {{.from_layer = 0, .from_head = 0, .to_layer = 1, .to_head = 0, .q = 0.1, .k = k[i], .v = 0.1}};
+      a.checkpoints.push_back(c);
+    }
+    return formation(a);
+  };
+  // All three pass half-way at step 20, the loss (4 → 0.5, half 2.25) too.
+  const Formation f = made({0, 10, 20, 30}, {0.1, 0.1, 0.6, 0.6}, {0, 0, 0.5, 0.5}, {0.2, 0.2, 0.4, 0.4}, {4, 4, 1, 0.5});
+  CHECK(f.circuit.previous_token.layer == 0);
+  CHECK(f.circuit.induction.layer == 1);
+  CHECK(f.circuit.previous_token_step == 20);
+  CHECK(f.circuit.induction_step == 20);
+  CHECK(f.circuit.k_composition_step == 20);
+  CHECK(f.circuit.together == true);
+  CHECK(f.circuit.before_loss == true);
+  // The induction head at 40, with step 30 kept between: not together, and after the loss's 20.
+  const Formation late = made({0, 10, 20, 30, 40}, {0.1, 0.1, 0.6, 0.6, 0.6}, {0, 0, 0, 0.1, 0.5}, {0.2, 0.2, 0.4, 0.4, 0.4},
+                              {4, 4, 1, 0.8, 0.5});
+  CHECK(late.circuit.induction_step == 40);
+  CHECK(late.circuit.together == false);
+  CHECK(late.circuit.before_loss == false);
+  // Adjacent kept steps (20, then 30) are together.
+  CHECK(made({0, 10, 20, 30}, {0.1, 0.1, 0.6, 0.6}, {0, 0, 0, 0.5}, {0.2, 0.2, 0.4, 0.4}, {4, 4, 1, 0.5}).circuit.together == true);
+}
+
 TEST_CASE("across training: the in-context score against the model's loss on the early and the late positions") {
   const auto model = induction_model(11);
   const tasks::InductionTask task;
   Generator gen = tasks::held_out_generator(3);
   const tasks::Batch batch = task.sample(6, gen);
   const std::size_t T = batch.tokens.shape()[1], quarter = T / 4;
-  const auto ic = in_context(*model, batch, MaskArray());
+  const auto ic = in_context(*model, model->forward(batch.tokens), batch);
   REQUIRE(ic);
   // The model's own mean cross-entropy with the next token as the target at those positions only.
   const auto loss_over = [&](std::size_t from, std::size_t to) {
@@ -49,7 +85,7 @@ TEST_CASE("across training: the in-context score against the model's loss on the
   nn::TransformerConfig pointer = tasks::default_options("brackets").model;
   Generator g(1);
   const nn::Transformer brackets(pointer, g);
-  CHECK_FALSE(in_context(brackets, batch, MaskArray()));
+  CHECK_FALSE(in_context(brackets, model->forward(batch.tokens), batch));
 
   // Prefix matching: the weight a second-copy query puts on the token after its earlier copy.
   const auto prefix = prefix_matching(*model, 4, 2);
