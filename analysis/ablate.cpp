@@ -157,7 +157,7 @@ Walk held_out(const Task& task, const std::optional<Corruption>& corruption, std
     Generator gen = held_out_generator(seed);
     Generator corrupt_gen(held_out_generator(seed).next_u64());
     for (std::size_t i = 0; i < batches; ++i) {
-      const Batch b = task.sample(batch_size, gen);
+      const Batch b = task.sample_held_out(batch_size, gen);
       if (!corruption) {
         visit(b, nullptr);
         continue;

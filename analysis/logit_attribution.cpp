@@ -36,7 +36,8 @@ Array<double> f64(const Tensor& t) { return t.to(DType::float64).value<double>()
 struct Readout {
   std::vector<std::size_t> rows;
   Array<double> directions;  // (rows, D): ln_final.weight ⊙ (W_U[target] − W_U[other])
-  std::vector<double> scale;  // ln_final's, per row
+  std::vector<double> scale;  // ln_final's, per row (1 without it)
+  bool centred = true;         // ln_final subtracts each row's mean (not without it)
   double constant = 0, logit_diff = 0;  // summed over the rows
 };
 
@@ -46,7 +47,7 @@ double attributed(const Readout& r, const Array<double>& x) {
   double total = 0;
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     const auto row = xt::view(x, r.rows[i], xt::all());
-    const double mean = xt::mean(row)();
+    const double mean = r.centred ? xt::mean(row)() : 0.0;
     double dot = 0;
     for (std::size_t d = 0; d < D; ++d) dot += (row(d) - mean) * r.directions(i, d);
     total += dot / r.scale[i];
@@ -86,10 +87,13 @@ LogitAttribution logit_attribution(nn::Transformer& model, const tasks::Task& ta
   const std::size_t T = logits.shape()[1], C = logits.shape()[2], D = stream.shape()[1];
   const Array<double> unembed = f64(model.head->weight);  // (C, D)
   const Array<double> head_bias = model.head->bias.defined() ? f64(model.head->bias) : Array<double>(xt::zeros<double>({C}));
-  const Array<double> ln_weight = model.ln_final.weight.defined() ? f64(model.ln_final.weight) : Array<double>(xt::ones<double>({D}));
-  const Array<double> ln_bias = model.ln_final.bias.defined() ? f64(model.ln_final.bias) : Array<double>(xt::zeros<double>({D}));
+  const nn::LayerNorm* ln = model.ln_final.get();  // none: the stream is read as it is
+  const bool affine = ln && ln->weight.defined();
+  const Array<double> ln_weight = affine ? f64(ln->weight) : Array<double>(xt::ones<double>({D}));
+  const Array<double> ln_bias = affine ? f64(ln->bias) : Array<double>(xt::zeros<double>({D}));
 
   Readout readout;
+  readout.centred = ln != nullptr;
   std::vector<double> directions;
   for (std::size_t row = 0; row < stream.shape()[0]; ++row) {
     const std::size_t b = row / T, t = row % T;
@@ -103,7 +107,7 @@ LogitAttribution logit_attribution(nn::Transformer& model, const tasks::Task& ta
     const auto y = std::size_t(target);
     readout.rows.push_back(row);
     const auto x = xt::view(stream, row, xt::all());
-    readout.scale.push_back(std::sqrt(xt::variance(x)() + model.ln_final.eps));
+    readout.scale.push_back(ln ? std::sqrt(xt::variance(x)() + ln->eps) : 1.0);
     for (std::size_t d = 0; d < D; ++d) {
       const double w = unembed(y, d) - unembed(other, d);
       directions.push_back(ln_weight(d) * w);

@@ -169,7 +169,7 @@ HeldOutBatch held_out_batch(const nn::Transformer& model, const tasks::Task& tas
     throw std::invalid_argument(
         fmt::format("{}: {} held-out sequences (1 to {}: they are one batch)", op, sequences, max_patch_sequences));
   Generator gen = tasks::held_out_generator(seed);
-  HeldOutBatch h{task.sample(sequences, gen), {}};
+  HeldOutBatch h{task.sample_held_out(sequences, gen), {}};
   h.mask = tasks::key_padding(model, task, h.batch.tokens, mask_padding);
   return h;
 }

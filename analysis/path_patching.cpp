@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xview.hpp>
 

@@ -144,7 +144,7 @@ MatrixSpectrum spectrum(const Array<double>& a) {
 Tensor table_scores(const TransformerBlock& block, const Tensor& table) {
   NoGradGuard no_grad;
   const Tensor stream = reshape(table, {1, -1, std::int64_t(table.size(1))});
-  return block.attn.forward(block.ln1(stream), {}, true).scores;
+  return block.attn.forward(block.ln1 ? (*block.ln1)(stream) : stream, {}, true).scores;
 }
 
 }  // namespace qkv::nn

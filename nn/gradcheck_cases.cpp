@@ -181,6 +181,14 @@ void add_transformer_cases(Catalogue& c) {
       {"token, bidirectional, symmetric, MLP", config([](auto& t) { t.causal = false; t.qk = QK::symmetric; t.mlp = true; })},
       {"token, sinusoidal positions", config([](auto& t) { t.positions = Positions::sinusoidal; })},
       {"token, frozen embeddings, MLP", config([](auto& t) { t.mlp = true; t.frozen_embeddings = true; })},
+      {"token, ReLU MLP of 12, no LayerNorm, no attention biases, normal init", config([](auto& t) {
+         t.mlp = true;
+         t.d_mlp = 12;
+         t.activation = Activation::relu;
+         t.layer_norm = false;
+         t.attention_bias = false;
+         t.init = Init::normal;
+       })},
   };
   for (const auto& named : configs) {
     const TransformerConfig cfg = named.second;  // a copy the lambda keeps (Clang captures no structured binding)
@@ -197,6 +205,24 @@ void add_transformer_cases(Catalogue& c) {
                        }));
     });
   }
+  // forward_last, as a loss scored at the last position alone runs it (modadd's model, smaller).
+  c.add_setup("Transformer", "Transformer forward_last, ReLU MLP, no LayerNorm", [config](Generator& g) {
+    auto m = std::make_shared<Transformer>(config([](auto& t) {
+      t.mlp = true;
+      t.activation = Activation::relu;
+      t.layer_norm = false;
+      t.attention_bias = false;
+    }), g);
+    const IndexArray tokens{{0, 3, 1, 4, 2}, {4, 4, 0, 1, 3}, {1, 2, 3, 0, 0}};
+    IndexArray targets = IndexArray::from_shape({3, 1});  // at the last position
+    targets(0, 0) = 1, targets(1, 0) = 2, targets(2, 0) = 0;
+    Inputs params;
+    for (const Tensor& p : m->parameters())
+      if (p.requires_grad()) params.push_back(p);
+    return std::pair(params, GradcheckFunction([m, tokens, targets](const Inputs&) {
+                       return m->loss(m->forward_last(tokens), targets);
+                     }));
+  });
   // With a hook on every point of a GQA model: each scales its activation by 0.9, and layer 1's
   // hook_z scales head 1 by 0.5, so every gradient flows through what the hooks return.
   c.add_setup("Transformer", "Transformer token, MLP, GQA, hooks everywhere", [config](Generator& g) {

@@ -101,7 +101,7 @@ void check(const EncoderDecoderConfig& c) {
 }
 
 DecoderBlock::DecoderBlock(const EncoderDecoderConfig& c, Generator& gen)
-    : ResidualBlock(c.d_model, c.dtype),
+    : ResidualBlock({.d_model = c.d_model, .dtype = c.dtype, .mlp = c.mlp}),
       self_attn(detail::attention_options(encoder_block_config(c)), gen),
       ln_cross(c.d_model, 1e-5, true, c.dtype),
       cross_attn(detail::attention_options(encoder_block_config(c)), gen) {
@@ -112,13 +112,13 @@ DecoderBlock::DecoderBlock(const EncoderDecoderConfig& c, Generator& gen)
   register_hook("ln_cross.hook_normalized", ln_cross_normalized);
   register_module("cross_attn", cross_attn);
   register_hook("hook_cross_attn_out", hook_cross_attn_out);
-  register_output(c.mlp, c.d_model, c.dtype, gen);
+  register_output(gen);
 }
 
 Tensor DecoderBlock::forward(const Tensor& y_in, const Tensor& memory, const MaskArray& memory_padding, bool need_weights,
                              AttentionResult* self, AttentionResult* cross, KVCache* self_cache, KVCache* cross_cache) const {
   Tensor y = hook_resid_pre(y_in);
-  AttentionResult s = self_attn.forward(ln1_normalized(ln1(y)), {.causal = true}, need_weights, self_cache);
+  AttentionResult s = self_attn.forward(normalized_input(y), {.causal = true}, need_weights, self_cache);
   y = y + hook_attn_out(s.output);
   // The memory's keys and values, once: after the first step the cache holds them, and no new
   // position is projected.

@@ -36,6 +36,8 @@ ConfigError::ConfigError(std::string field_, const std::string& message)
 const char* name_of(Readout r) { return r == Readout::pointer ? "pointer" : "token"; }
 const char* name_of(QK qk) { return qk == QK::tied ? "tied" : qk == QK::symmetric ? "symmetric" : "untied"; }
 const char* name_of(Positions p) { return p == Positions::learned ? "learned" : "sinusoidal"; }
+const char* name_of(Activation a) { return a == Activation::relu ? "relu" : "gelu"; }
+const char* name_of(Init i) { return i == Init::normal ? "normal" : "uniform"; }
 const char* name_of(Projection p) {
   return p == Projection::learned ? "learned" : p == Projection::frozen ? "frozen" : p == Projection::identity ? "identity"
                                                                                                              : "identity-qk";
@@ -51,6 +53,9 @@ void check(const TransformerConfig& c) {
   if (!c.causal_layers.empty() && c.causal_layers.size() != c.layers)
     config_error("causal_layers", "has {} entries for {} layers: give one mask per layer", c.causal_layers.size(), c.layers);
   if (c.d_model == 0) config_error("d_model", "is 0");
+  if (!c.mlp && c.d_mlp != 0) config_error("d_mlp", "is {}, but the model has no MLP (mlp is false)", c.d_mlp);
+  if (!c.mlp && c.activation != Activation::gelu)
+    config_error("activation", "is {}, but the model has no MLP (mlp is false)", name_of(c.activation));
   if (c.heads == 0) config_error("heads", "is 0");
   if (c.kv_heads > c.heads) config_error("kv_heads", "is {}, more than heads ({})", c.kv_heads, c.heads);
   if (c.d_head == 0 && c.d_model % c.heads != 0)
@@ -84,11 +89,13 @@ double parameter_count(const TransformerConfig& c) {
                            : c.proj == Projection::identity_qk ? Hkv
                            : c.qk != QK::untied                ? H + Hkv
                                                                : H + 2 * Hkv;
-  const double attention = qkv_heads * dh * (D + 1) + H * dh * D + D;
-  const double mlp = c.mlp ? 2 * D + 4 * D * (D + 1) + D * (4 * D + 1) : 0;
+  const double bias = c.attention_bias ? 1 : 0, norm = c.layer_norm ? 2 * D : 0;
+  const double attention = qkv_heads * dh * (D + bias) + H * dh * D + bias * D;
+  const double hidden = double(c.d_mlp ? c.d_mlp : 4 * c.d_model);
+  const double mlp = c.mlp ? norm + hidden * (D + 1) + D * (hidden + 1) : 0;
   const double head = c.readout == Readout::token ? double(c.n_classes) * (D + 1) : 0;
   const double positions = c.positions == Positions::learned ? double(c.max_len) * D : 0;
-  return double(c.vocab_size) * D + positions + double(c.layers) * (2 * D + attention + mlp) + 2 * D + head;
+  return double(c.vocab_size) * D + positions + double(c.layers) * (norm + attention + mlp) + norm + head;
 }
 
 nlohmann::json detail::transformer_config_json(const TransformerConfig& c) {
@@ -129,30 +136,40 @@ TransformerConfig detail::read_transformer_config(const nlohmann::json& j, const
   return c;
 }
 
-MLP::MLP(std::size_t d_model, DType dtype, Generator& gen)
-    : fc(d_model, 4 * d_model, true, dtype, gen), proj(4 * d_model, d_model, true, dtype, gen) {
+MLP::MLP(std::size_t d_model, DType dtype, Generator& gen, std::size_t d_hidden, Activation activation_)
+    : fc(d_model, d_hidden ? d_hidden : 4 * d_model, true, dtype, gen),
+      proj(d_hidden ? d_hidden : 4 * d_model, d_model, true, dtype, gen),
+      activation(activation_) {
   register_module("fc", fc);
   register_hook("hook_pre", hook_pre);
   register_hook("hook_post", hook_post);
   register_module("proj", proj);
 }
 
-Tensor MLP::forward(const Tensor& x) const { return proj(hook_post(gelu(hook_pre(fc(x))))); }
+Tensor MLP::forward(const Tensor& x) const {
+  const Tensor pre = hook_pre(fc(x));
+  return proj(hook_post(activation == Activation::relu ? relu(pre) : gelu(pre)));
+}
 
-ResidualBlock::ResidualBlock(std::size_t d_model, DType dtype) : ln1(d_model, 1e-5, true, dtype) {}
+ResidualBlock::ResidualBlock(const BlockShape& shape) : shape_(shape) {
+  if (shape.layer_norm) ln1 = std::make_unique<LayerNorm>(shape.d_model, 1e-5, true, shape.dtype);
+}
+
+Tensor ResidualBlock::normalized_input(const Tensor& x) const { return ln1_normalized(ln1 ? (*ln1)(x) : x); }
 
 void ResidualBlock::register_input() {
   register_hook("hook_resid_pre", hook_resid_pre);
-  register_module("ln1", ln1);
+  if (ln1) register_module("ln1", *ln1);
   register_hook("ln1.hook_normalized", ln1_normalized);
 }
 
-void ResidualBlock::register_output(bool with_mlp, std::size_t d_model, DType dtype, Generator& gen) {
-  if (with_mlp) {
-    ln2 = std::make_unique<LayerNorm>(d_model, 1e-5, true, dtype);
-    mlp = std::make_unique<MLP>(d_model, dtype, gen);
+void ResidualBlock::register_output(Generator& gen) {
+  const BlockShape& s = shape_;
+  if (s.mlp) {
+    if (s.layer_norm) ln2 = std::make_unique<LayerNorm>(s.d_model, 1e-5, true, s.dtype);
+    mlp = std::make_unique<MLP>(s.d_model, s.dtype, gen, s.d_mlp, s.activation);
     register_hook("hook_resid_mid", hook_resid_mid);
-    register_module("ln2", *ln2);
+    if (ln2) register_module("ln2", *ln2);
     register_hook("ln2.hook_normalized", ln2_normalized);
     register_module("mlp", *mlp);
     register_hook("hook_mlp_out", hook_mlp_out);
@@ -163,27 +180,35 @@ void ResidualBlock::register_output(bool with_mlp, std::size_t d_model, DType dt
 Tensor ResidualBlock::output(const Tensor& x_in) const {
   if (!mlp) return hook_resid_post(x_in);
   const Tensor x = hook_resid_mid(x_in);
-  return hook_resid_post(x + hook_mlp_out((*mlp)(ln2_normalized((*ln2)(x)))));
+  return hook_resid_post(x + hook_mlp_out((*mlp)(ln2_normalized(ln2 ? (*ln2)(x) : x))));
 }
 
 TransformerBlock::TransformerBlock(const TransformerConfig& c, Generator& gen)
-    : ResidualBlock(c.d_model, c.dtype), attn(detail::attention_options(c), gen) {
+    : ResidualBlock(detail::block_shape(c)), attn(detail::attention_options(c), gen) {
   register_input();
   register_module("attn", attn);
   register_hook("hook_attn_out", hook_attn_out);
-  register_output(c.mlp, c.d_model, c.dtype, gen);
+  register_output(gen);
 }
 
 Tensor TransformerBlock::forward(const Tensor& x_in, const AttentionMask& mask, bool need_weights, AttentionResult* attention,
                                  Tensor* input, KVCache* cache) const {
   const Tensor x = hook_resid_pre(x_in);
-  const Tensor normalized = ln1_normalized(ln1(x));
+  const Tensor normalized = normalized_input(x);
   AttentionResult r = attn.forward(normalized, mask, need_weights, cache);
   r.output = hook_attn_out(r.output);
   const Tensor out = output(x + r.output);
   if (attention) *attention = std::move(r);
   if (input) *input = normalized;
   return out;
+}
+
+Tensor TransformerBlock::forward_last(const Tensor& x_in, const AttentionMask& mask) const {
+  const Tensor x = hook_resid_pre(x_in);
+  const Tensor normalized = normalized_input(x);
+  const std::int64_t T = std::int64_t(x.size(1));
+  AttentionResult r = attn.forward(slice(normalized, 1, T - 1, T), normalized, normalized, mask, false);
+  return output(slice(x, 1, T - 1, T) + hook_attn_out(r.output));
 }
 
 namespace detail {
@@ -209,15 +234,20 @@ MultiHeadAttentionOptions attention_options(const TransformerConfig& c) {
   o.qk = c.qk;
   o.proj = c.proj;
   o.dtype = c.dtype;
+  o.qkv_bias = o.out_bias = c.attention_bias;
   if (!c.scale) o.scale = 1.0;
   return o;
+}
+
+BlockShape block_shape(const TransformerConfig& c) {
+  return {.d_model = c.d_model, .dtype = c.dtype, .mlp = c.mlp, .d_mlp = c.d_mlp, .activation = c.activation,
+          .layer_norm = c.layer_norm};
 }
 
 }  // namespace detail
 
 Transformer::Transformer(const TransformerConfig& c, Generator& gen)
     : tok(checked(c).vocab_size, c.d_model, c.dtype, gen),
-      ln_final(c.d_model, 1e-5, true, c.dtype),
       config_(c) {
   register_hook("hook_embed", hook_embed);
   register_hook("hook_pos_embed", hook_pos_embed);
@@ -232,21 +262,32 @@ Transformer::Transformer(const TransformerConfig& c, Generator& gen)
     blocks.push_back(std::make_unique<TransformerBlock>(c, gen));
     register_module("blocks." + std::to_string(l), *blocks.back());
   }
-  register_module("ln_final", ln_final);
+  if (c.layer_norm) {
+    ln_final = std::make_unique<LayerNorm>(c.d_model, 1e-5, true, c.dtype);
+    register_module("ln_final", *ln_final);
+  }
   if (c.readout == Readout::token) {  // the pointer readout reads the last attention's scores, not ln_final
     register_hook("ln_final.hook_normalized", ln_final_normalized);
     head = std::make_unique<Linear>(c.d_model, c.n_classes, true, c.dtype, gen);
     register_module("head", *head);
   }
   if (c.frozen_embeddings) {
-    std::vector<Module*> frozen{&tok, &ln_final};
-    if (pos) frozen.push_back(pos.get());
-    for (const auto& b : blocks) {
-      frozen.push_back(&b->ln1);
-      if (b->ln2) frozen.push_back(b->ln2.get());
-    }
+    std::vector<Module*> frozen{&tok, ln_final.get(), pos.get()};
+    for (const auto& b : blocks) frozen.insert(frozen.end(), {b->ln1.get(), b->ln2.get()});
     for (Module* m : frozen)
-      for (Tensor& t : m->parameters()) t.requires_grad_(false);
+      if (m)
+        for (Tensor& t : m->parameters()) t.requires_grad_(false);
+  }
+  if (c.init == Init::normal) {
+    // As Nanda et al.'s model: randn / √d_model, the unembedding's randn / √n_classes, biases 0.
+    for (auto& [name, t] : named_parameters()) {
+      const std::string module = name.substr(0, name.rfind('.'));
+      if (module.substr(module.rfind('.') + 1).starts_with("ln")) continue;  // LayerNorms keep 1 and 0
+      const bool bias = name.ends_with(".bias");
+      const double sd = name == "head.weight" ? 1 / std::sqrt(double(c.n_classes)) : 1 / std::sqrt(double(c.d_model));
+      Tensor drawn = bias ? zeros(t.shape(), t.dtype()) : randn(t.shape(), t.dtype(), gen) * sd;
+      t.copy_(drawn);
+    }
   }
 }
 
@@ -255,6 +296,13 @@ bool layer_is_causal(const TransformerConfig& c, std::size_t l) {
 }
 
 bool Transformer::causal(std::size_t l) const { return layer_is_causal(config_, l); }
+
+TransformerOutput Transformer::forward_last(const IndexArray& tokens, const MaskArray& key_padding) const {
+  if (config_.readout != Readout::token) fail("Transformer", "forward_last reads the token readout; the model's is pointer");
+  if (tokens.dimension() != 2 || tokens.shape()[1] == 0)
+    fail("Transformer", "forward_last: tokens of shape {}: expected (batch, positions ≥ 1)", to_string(to_shape(tokens.shape())));
+  return run(tokens, false, key_padding, nullptr, true);
+}
 
 TransformerOutput Transformer::forward(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding) const {
   return run(tokens, need_weights, key_padding, nullptr);
@@ -280,7 +328,7 @@ TransformerOutput Transformer::forward_cached(const IndexArray& tokens, std::vec
 }
 
 TransformerOutput Transformer::run(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding,
-                                   std::vector<KVCache>* cache) const {
+                                   std::vector<KVCache>* cache, bool last_only) const {
   if (tokens.dimension() != 2)
     fail("Transformer", "tokens of shape {}: expected (batch, positions)", to_string(to_shape(tokens.shape())));
   const std::size_t offset = cache ? (*cache)[0].length() : 0, T = tokens.shape()[1];
@@ -294,6 +342,10 @@ TransformerOutput Transformer::run(const IndexArray& tokens, bool need_weights, 
     mask.causal = causal(l);
     f.attention.emplace_back();
     f.inputs.emplace_back();
+    if (last_only && l + 1 == blocks.size()) {
+      x = blocks[l]->forward_last(x, mask);
+      break;
+    }
     x = blocks[l]->forward(x, mask, need_weights || (pointer && l + 1 == blocks.size()), &f.attention.back(), &f.inputs.back(),
                            cache ? &(*cache)[l] : nullptr);
   }
@@ -301,7 +353,7 @@ TransformerOutput Transformer::run(const IndexArray& tokens, bool need_weights, 
     const Tensor& s = f.attention.back().scores;  // (B, H, T, T)
     f.logits = reshape(slice(s, 1, 0, 1), {std::int64_t(s.size(0)), std::int64_t(s.size(2)), std::int64_t(s.size(3))});
   } else {
-    f.logits = (*head)(ln_final_normalized(ln_final(x)));
+    f.logits = (*head)(ln_final_normalized(ln_final ? (*ln_final)(x) : x));
   }
   return f;
 }

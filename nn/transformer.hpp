@@ -3,8 +3,9 @@
 //
 //   tokens (B, T) → embedding + learned positions → L blocks → readout
 //   block:  x = x + attn(ln1(x))            (pre-LayerNorm, residual)
-//           x = x + proj(gelu(fc(ln2(x))))  (with the MLP: d_model → 4·d_model → d_model)
+//           x = x + proj(act(fc(ln2(x))))   (with the MLP: d_model → d_mlp → d_model, GELU or ReLU)
 //
+// Without LayerNorm (layer_norm false) ln1, ln2 and ln_final are the identity and have no weights.
 // Two readouts: `token` (ln_final, then a Linear head to n_classes logits at every position) and
 // `pointer` (the last layer's head-0 attention scores before softmax: a distribution over key
 // positions, for tasks whose answer is a position, as a closing bracket's opener).
@@ -36,6 +37,11 @@ namespace qkv::nn {
 
 enum class Readout { token, pointer };
 enum class Positions { learned, sinusoidal };  // a (max_len, d_model) table, trained or fixed
+enum class Activation { gelu, relu };          // the MLP's
+// How the weights are drawn. uniform: PyTorch's modules' own (Linear U(±1/√in), tables N(0, 1));
+// normal: as Nanda et al.'s modular-addition model, every weight N(0, 1/d_model) but the head's,
+// N(0, 1/n_classes), and every bias 0 (LayerNorms 1 and 0 either way).
+enum class Init { uniform, normal };
 
 struct TransformerConfig {
   // The largest sizes a config.json may give (memory refuses most such models long before).
@@ -54,6 +60,11 @@ struct TransformerConfig {
   Projection proj = Projection::learned;
   bool scale = true;           // scores scaled by 1/√d_head; false: not scaled
   bool mlp = false;            // an MLP after each attention
+  std::size_t d_mlp = 0;       // the MLP's hidden width; 0: 4·d_model
+  Activation activation = Activation::gelu;
+  bool layer_norm = true;      // false: no LayerNorm anywhere (ln1, ln2 and ln_final are the identity)
+  bool attention_bias = true;  // false: the q, k, v and out projections have no biases
+  Init init = Init::uniform;
   Positions positions = Positions::learned;
   // Token and position embeddings and every LayerNorm stay at their init: only the attention
   // projections, the MLPs and the head train.
@@ -100,11 +111,15 @@ const char* name_of(Readout readout);
 const char* name_of(QK qk);
 const char* name_of(Projection proj);
 const char* name_of(Positions positions);
+const char* name_of(Activation activation);
+const char* name_of(Init init);
 inline constexpr Readout all_readouts[] = {Readout::token, Readout::pointer};
 inline constexpr QK all_qk[] = {QK::untied, QK::tied, QK::symmetric};
 inline constexpr Projection all_projections[] = {Projection::learned, Projection::frozen, Projection::identity,
                                                  Projection::identity_qk};
 inline constexpr Positions all_positions[] = {Positions::learned, Positions::sinusoidal};
+inline constexpr Activation all_activations[] = {Activation::gelu, Activation::relu};
+inline constexpr Init all_inits[] = {Init::uniform, Init::normal};
 template <class E, std::size_t N>
 std::optional<E> from_name(const E (&values)[N], std::string_view name) {
   for (E e : values)
@@ -118,15 +133,27 @@ std::vector<std::string> names_of(const E (&values)[N]) {
   return names;
 }
 
-// A block's MLP: proj(gelu(fc(x))), fc d_model → 4·d_model and proj back, through its points
-// hook_pre (fc's output) and hook_post (after GELU), (B, T, 4·d_model) each.
+// A block's MLP: proj(act(fc(x))), fc d_model → d_hidden (0: 4·d_model) and proj back, through its
+// points hook_pre (fc's output) and hook_post (after the activation), (B, T, d_hidden) each.
 class MLP : public Module {
  public:
-  MLP(std::size_t d_model, DType dtype, Generator& gen);
+  MLP(std::size_t d_model, DType dtype, Generator& gen, std::size_t d_hidden = 0,
+      Activation activation = Activation::gelu);
   Tensor forward(const Tensor& x) const;
   Tensor operator()(const Tensor& x) const { return forward(x); }
   Linear fc, proj;
   HookPoint hook_pre, hook_post;
+  Activation activation;
+};
+
+// What a block's LayerNorms and MLP are: the fields of a config that shape them.
+struct BlockShape {
+  std::size_t d_model = 0;
+  DType dtype = DType::float32;
+  bool mlp = false;
+  std::size_t d_mlp = 0;  // 0: 4·d_model
+  Activation activation = Activation::gelu;
+  bool layer_norm = true;
 };
 
 // What the blocks of both models share: the residual stream's points and the LayerNorm before
@@ -136,20 +163,26 @@ class MLP : public Module {
 //   hook_resid_post: each (B, T, width).
 class ResidualBlock : public Module {
  public:
-  LayerNorm ln1;
-  std::unique_ptr<LayerNorm> ln2;  // with the MLP
+  std::unique_ptr<LayerNorm> ln1;  // none without LayerNorm
+  std::unique_ptr<LayerNorm> ln2;  // with the MLP and LayerNorm
   std::unique_ptr<MLP> mlp;
   HookPoint hook_resid_pre, ln1_normalized, hook_resid_mid, ln2_normalized, hook_mlp_out, hook_resid_post;
+  // ln1(x) through ln1.hook_normalized: what the block's (first) attention reads; x itself
+  // (through the point) without LayerNorm.
+  Tensor normalized_input(const Tensor& x) const;
 
  protected:
-  ResidualBlock(std::size_t d_model, DType dtype);
+  explicit ResidualBlock(const BlockShape& shape);
   // Registers hook_resid_pre, ln1 and ln1.hook_normalized: before the block's attention.
   void register_input();
-  // With `mlp`, draws the MLP from `gen` and registers hook_resid_mid, ln2, ln2.hook_normalized,
+  // With the MLP, draws it from `gen` and registers hook_resid_mid, ln2, ln2.hook_normalized,
   // mlp and hook_mlp_out; then hook_resid_post.
-  void register_output(bool mlp, std::size_t d_model, DType dtype, Generator& gen);
+  void register_output(Generator& gen);
   // x + mlp(ln2(x)) through the points (x without the MLP), then hook_resid_post.
   Tensor output(const Tensor& x) const;
+
+ private:
+  BlockShape shape_;
 };
 
 class TransformerBlock : public ResidualBlock {
@@ -164,11 +197,16 @@ class TransformerBlock : public ResidualBlock {
   // there, and appends these.
   Tensor forward(const Tensor& x, const AttentionMask& mask, bool need_weights, AttentionResult* attention = nullptr,
                  Tensor* input = nullptr, KVCache* cache = nullptr) const;
+  // The block's output at the last position alone, (B, 1, d_model): the attention reads every
+  // position's keys and values but runs the last query only, and the MLP runs there alone.
+  Tensor forward_last(const Tensor& x, const AttentionMask& mask) const;
 };
 
 namespace detail {
 // The options of a block's attention.
 MultiHeadAttentionOptions attention_options(const TransformerConfig& config);
+// The shape of a block's LayerNorms and MLP.
+BlockShape block_shape(const TransformerConfig& config);
 // Token embeddings plus rows offset … offset + T − 1 of the position table, through the points
 // `embed` and `pos_embed` (which see the positions per sequence, (B, T, D)).
 Tensor embed(const Embedding& tok, const Tensor& table, const HookPoint& embed, const HookPoint& pos_embed,
@@ -194,6 +232,11 @@ class Transformer : public Module {
   // key_padding (B, T): false for a padding position, which no query attends (0-d: none).
   TransformerOutput forward(const IndexArray& tokens, bool need_weights = false,
                             const MaskArray& key_padding = MaskArray()) const;
+  // forward's logits at the last position alone, (B, 1, n_classes), for a loss scored there only:
+  // the last layer projects every position's keys and values but runs its query, its MLP and the
+  // readout at the last position alone. The token readout only (else std::invalid_argument). Hooks
+  // of the last layer see that position alone.
+  TransformerOutput forward_last(const IndexArray& tokens, const MaskArray& key_padding = MaskArray()) const;
   // Whether layer l's attention is causal.
   bool causal(std::size_t l) const;
   // forward for the next positions of sequences whose earlier positions `cache` holds (one KVCache
@@ -239,7 +282,7 @@ class Transformer : public Module {
   std::unique_ptr<LearnedPositionalEncoding> pos;           // learned positions
   std::unique_ptr<SinusoidalPositionalEncoding> sinusoids;  // fixed positions
   std::vector<std::unique_ptr<TransformerBlock>> blocks;
-  LayerNorm ln_final;
+  std::unique_ptr<LayerNorm> ln_final;  // none without LayerNorm
   std::unique_ptr<Linear> head;  // token readout only
   HookPoint hook_embed, hook_pos_embed, ln_final_normalized;
 
@@ -249,7 +292,7 @@ class Transformer : public Module {
  private:
   TransformerConfig config_;
   TransformerOutput run(const IndexArray& tokens, bool need_weights, const MaskArray& key_padding,
-                        std::vector<KVCache>* cache) const;
+                        std::vector<KVCache>* cache, bool last_only = false) const;
 };
 
 struct ActivationCache : Activations {

@@ -60,7 +60,7 @@ template <class Model>
 void measure(Json& run, const TrainOptions& o, const Extras& extras, std::vector<std::string>& violations,
              std::ostream& progress, bool tty) {
   constexpr bool decoder_only = std::is_same_v<Model, nn::Transformer>;
-  const auto task = tasks::make_task(o.task, o.n);
+  const auto task = tasks::make_task(o);
   // The held-out sequences of a decoder-only run (a seq2seq task's samples are two sides).
   const Sequences sequences = decoder_only ? held_out_sequences(*task, 16, o.seed) : Sequences{};
   const tasks::TaskSpec& task_info = tasks::task_spec(o.task);

@@ -348,7 +348,7 @@ const std::vector<Measurement>& measurement_registry() {
        .extras = {.at_init = {}, .at_end = token_table},
        .check = [](const tasks::TrainOptions& o) -> std::string {
          // The names are the keys of a path (token_qk.).( ): distinct, and no dot among them.
-         const auto task = tasks::make_task(o.task, o.n);
+         const auto task = tasks::make_task(o);
          std::set<std::string> names;
          for (std::size_t t = 0; t < task->info().vocab_size; ++t) {
            const std::string name = task->token_name(std::int64_t(t));

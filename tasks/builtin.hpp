@@ -148,4 +148,18 @@ class TranslateTask : public Seq2SeqTask {
   std::string source_token_name(std::int64_t token) const override;
 };
 
+// modadd: "a b =" → (a + b) mod p, read at "=" (modadd.cpp). Tokens 0 … p − 1 are the numbers, p
+// is "="; p + 1 classes. Text: "3 17 =".
+class ModAddTask : public DatasetTask {
+ public:
+  ModAddTask(std::size_t p, double train_fraction, std::uint64_t seed);
+  std::string decode(const std::vector<std::int64_t>& tokens) const override;
+  std::vector<std::int64_t> encode(const std::string& text) const override;
+  std::string token_name(std::int64_t token) const override;
+  std::size_t p() const { return p_; }
+
+ private:
+  std::size_t p_;
+};
+
 }  // namespace qkv::tasks

@@ -26,7 +26,8 @@ std::vector<std::vector<std::int64_t>> held_out_sequences(const Task& task, std:
 MaskArray source_padding(const Task& task, const IndexArray& source);
 
 // A forward on a batch: the predictions at each position and, for a training step, the loss (with
-// `loss`; else undefined). A decoder-only model masks the padding keys as key_padding says; an
+// `loss`; else undefined). A batch scored at its last position alone runs Transformer::forward_last
+// (its predictions elsewhere are -1). A decoder-only model masks the padding keys as key_padding says; an
 // encoder-decoder masks the source's padding.
 struct Forward {
   Tensor loss;
@@ -35,8 +36,17 @@ struct Forward {
 Forward forward(const nn::Transformer& model, const Task& task, const Batch& batch, bool mask_padding, bool loss);
 Forward forward(const nn::EncoderDecoder& model, const Task& task, const Batch& batch, bool mask_padding, bool loss);
 
+// A decoder-only model's metrics and mean loss (over the scored positions) on `rows`, a data-set
+// task's split say, read in chunks of at most 4096 rows.
+struct RowsScore {
+  Metrics metrics;
+  double loss = 0;
+};
+RowsScore score_rows(const nn::Transformer& model, const Task& task, const Batch& rows, bool mask_padding = true);
+
 // Accuracy of `model` on `batches` fresh batches drawn from held_out_generator(seed); a seq2seq
-// model's with teacher forcing (each position given the right output before it).
+// model's with teacher forcing (each position given the right output before it). A data-set task's
+// is on its whole held-out split, whatever `batches` and `batch_size` say.
 Metrics evaluate(const nn::Transformer& model, const Task& task, std::size_t batches, std::size_t batch_size, std::uint64_t seed,
                  bool mask_padding = true);
 Metrics evaluate(const nn::EncoderDecoder& model, const Task& task, std::size_t batches, std::size_t batch_size,

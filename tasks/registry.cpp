@@ -1,7 +1,7 @@
 // The tasks the program knows, in the order `qkv tasks` lists them. Task NAME is defined in
 // tasks/NAME.cpp as `TaskSpec NAME_task()`; a new task is that file and its name on this line:
 #define QKV_TASKS(TASK) \
-  TASK(brackets) TASK(rps) TASK(induction) TASK(line) TASK(cycle) TASK(reverse) TASK(sort) TASK(translate)
+  TASK(brackets) TASK(rps) TASK(induction) TASK(line) TASK(cycle) TASK(reverse) TASK(sort) TASK(translate) TASK(modadd)
 
 #include "qkv/tasks/registry.hpp"
 
@@ -103,14 +103,29 @@ const TaskSpec& task_spec(const std::string& name) {
 std::size_t task_size(const std::string& name, std::size_t n) {
   const TaskSpec& spec = task_spec(name);
   if (n == 0) return spec.default_size;
+  if (spec.max_size > 0 && spec.sizes.empty()) {
+    if (n < spec.min_size || n > spec.max_size) fail(name, "n must be from {} to {}, not {}", spec.min_size, spec.max_size, n);
+    return n;
+  }
   if (spec.sizes.empty()) fail(name, "the {} task takes no size (n), got {}", name, n);
   if (std::find(spec.sizes.begin(), spec.sizes.end(), n) == spec.sizes.end())
-    fail(name, "n must be one of {}, not {}", fmt::join(spec.sizes, ", "), n);
+    fail(name, "n must be one of {}, not {}", sizes_text(spec), n);
   return n;
+}
+
+std::string sizes_text(const TaskSpec& spec) {
+  if (spec.max_size > 0 && spec.sizes.empty()) return fmt::format("{}-{}", spec.min_size, spec.max_size);
+  return fmt::format("{}", fmt::join(spec.sizes, ", "));
 }
 
 std::unique_ptr<Task> make_task(const std::string& name, std::size_t n) {
   return task_spec(name).make(task_size(name, n));
+}
+
+std::unique_ptr<Task> make_task(const TrainOptions& o) {
+  const TaskSpec& spec = task_spec(o.task);
+  if (!spec.make_dataset) return spec.make(task_size(o.task, o.n));
+  return spec.make_dataset(task_size(o.task, o.n), o.train_fraction, o.seed);
 }
 
 TrainOptions default_options(const std::string& task_name, std::size_t n) {
@@ -128,6 +143,7 @@ TrainOptions default_options(const std::string& task_name, std::size_t n) {
     o.encoder_layers = 1;
     o.max_source_len = info.seq2seq->max_source_len;
   }
+  o.train_fraction = spec.train_fraction;
   spec.defaults(o);
   return o;
 }

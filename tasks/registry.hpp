@@ -48,8 +48,14 @@ struct TaskSpec {
   std::string name;
   // The task with its default lengths, of size n (`qkv train cycle --n 5`) for a task that has sizes.
   std::function<std::unique_ptr<Task>(std::size_t n)> make;
-  std::vector<std::size_t> sizes{};  // the sizes n it takes; empty: none (n is 0)
+  std::vector<std::size_t> sizes{};  // the sizes n it takes; empty: none (n is 0), or the range below
   std::size_t default_size = 0;
+  std::size_t min_size = 0, max_size = 0;  // with max_size > 0 (and no `sizes`): every n in [min_size, max_size]
+  // A data-set task (tasks/task.hpp, DatasetTask): the task of size n with a share `train_fraction`
+  // of its examples in the training split, split by `seed`; `make` is its split of seed 0 at the
+  // default share.
+  std::function<std::unique_ptr<Task>(std::size_t n, double train_fraction, std::uint64_t seed)> make_dataset{};
+  double train_fraction = 0;  // a data-set task's default share
   // Model and training settings of `qkv train NAME`, beyond the vocabulary, readout and mask
   // that the task's info sets; with them the task reaches `target` accuracy on held-out sequences.
   std::function<void(TrainOptions&)> defaults = [](TrainOptions&) {};
@@ -85,8 +91,13 @@ const TaskSpec& task_spec(const std::string& name);
 // The task of size n (0: its default size, or none); std::invalid_argument naming the task and the
 // sizes it takes for any other n.
 std::unique_ptr<Task> make_task(const std::string& name, std::size_t n = 0);
+// The task of a run's options: of size o.n and, for a data-set task, split by o.train_fraction and
+// o.seed. The same errors, and a data-set task's for a share that leaves a split empty.
+std::unique_ptr<Task> make_task(const TrainOptions& o);
 // n itself, or the task's default size for 0; the same errors.
 std::size_t task_size(const std::string& name, std::size_t n);
+// The sizes a task takes, as text: "3, 5, 7", "2-1000"; "" for none.
+std::string sizes_text(const TaskSpec& spec);
 
 // The defaults of each task (its TaskSpec's), with which `qkv train TASK` reaches its target.
 TrainOptions default_options(const std::string& task, std::size_t n = 0);

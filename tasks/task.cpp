@@ -29,6 +29,15 @@ std::string numbers_text(const std::vector<std::int64_t>& tokens) {
   return text;
 }
 
+std::string names_text(const Task& task, const std::vector<std::int64_t>& tokens) {
+  std::string text;
+  for (std::int64_t t : tokens) {
+    if (!text.empty()) text += ' ';
+    text += task.token_name(t);
+  }
+  return text;
+}
+
 std::vector<std::int64_t> parse_numbers(const std::string& text, std::size_t n, const std::string& task) {
   std::vector<std::int64_t> tokens;
   std::istringstream words(text);
@@ -126,6 +135,47 @@ std::vector<std::string> token_names(const Task& task) {
   std::vector<std::string> names;
   for (std::size_t t = 0; t < task.info().vocab_size; ++t) names.push_back(task.token_name(std::int64_t(t)));
   return names;
+}
+
+}  // namespace qkv::tasks
+
+namespace qkv::tasks {
+
+Batch select_rows(const Batch& batch, const std::vector<std::size_t>& rows) {
+  const std::size_t B = batch.tokens.shape()[0], T = batch.tokens.shape()[1];
+  Batch out{.tokens = IndexArray::from_shape({rows.size(), T}), .targets = IndexArray::from_shape({rows.size(), T})};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= B) fail("select_rows", "row {} of a batch of {}", rows[i], B);
+    std::copy_n(&batch.tokens(rows[i], 0), T, &out.tokens(i, 0));
+    std::copy_n(&batch.targets(rows[i], 0), T, &out.targets(i, 0));
+  }
+  return out;
+}
+
+namespace {
+
+// batch_size distinct rows of `rows` at random (the first of a partial shuffle); all of them, in
+// order, for as many as it has.
+Batch draw_rows(const TaskInfo& info, const Batch& rows, const char* split, std::size_t batch_size, Generator& gen) {
+  const std::size_t n = rows.tokens.shape()[0];
+  if (batch_size == n) return rows;
+  if (batch_size > n)
+    fail(info.name, "a batch of {} rows from a {} split of {}: at most {} (the whole split)", batch_size, split, n, n);
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  for (std::size_t i = 0; i < batch_size; ++i) std::swap(order[i], order[i + gen.next_u64() % (n - i)]);
+  order.resize(batch_size);
+  return select_rows(rows, order);
+}
+
+}  // namespace
+
+Batch DatasetTask::sample(std::size_t batch_size, Generator& gen) const {
+  return draw_rows(info_, split_.train, "training", batch_size, gen);
+}
+
+Batch DatasetTask::sample_held_out(std::size_t batch_size, Generator& gen) const {
+  return draw_rows(info_, split_.test, "held-out", batch_size, gen);
 }
 
 }  // namespace qkv::tasks

@@ -88,6 +88,11 @@ class MetricsSum {
   std::size_t scored_ = 0, sequences_ = 0;
 };
 
+// A data-set task's examples: the rows it trains on and the rows held out, one batch each.
+struct Split {
+  Batch train, test;
+};
+
 class Task {
  public:
   virtual ~Task() = default;
@@ -105,7 +110,32 @@ class Task {
     (void)tokens;
     return std::nullopt;
   }
+  // Sequences a model did not train on, from a generator no training batch draws from: sample()'s
+  // for a task that draws its sequences, rows of the held-out split for a data-set task.
+  virtual Batch sample_held_out(std::size_t batch_size, Generator& gen) const { return sample(batch_size, gen); }
+  // A data-set task's examples, split; nullptr for a task that draws its sequences.
+  virtual const Split* split() const { return nullptr; }
 };
+
+// A task that is a fixed set of examples rather than a generator: training reads its training split
+// (whole, as one full batch, or `batch` rows at a time), and evaluation its held-out split, whole.
+class DatasetTask : public Task {
+ public:
+  const TaskInfo& info() const override { return info_; }
+  // batch_size rows of the training split, distinct, drawn at random (std::invalid_argument for more
+  // rows than it has); the whole split, in order, when batch_size is its size.
+  Batch sample(std::size_t batch_size, Generator& gen) const override;
+  // The same from the held-out split.
+  Batch sample_held_out(std::size_t batch_size, Generator& gen) const override;
+  const Split* split() const override { return &split_; }
+
+ protected:
+  TaskInfo info_;
+  Split split_;
+};
+
+// `rows` of a batch, in that order.
+Batch select_rows(const Batch& batch, const std::vector<std::size_t>& rows);
 
 // `text` as the tokens of `task` (Task::encode), at most `positions` of them: std::invalid_argument
 // naming the fault for a word that is no token, no tokens at all, or more than fit.
@@ -143,5 +173,7 @@ const Seq2SeqTask* as_seq2seq(const Task& task);
 
 // The name of each token id of the task, as a run's config.json records them.
 std::vector<std::string> token_names(const Task& task);
+// The tokens' names (Task::token_name), space-separated: "3 17 =".
+std::string names_text(const Task& task, const std::vector<std::int64_t>& tokens);
 
 }  // namespace qkv::tasks

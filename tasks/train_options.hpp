@@ -14,9 +14,16 @@ struct TrainOptions {
   std::size_t n = 0;  // the task's size (line, cycle: its values); 0 for a task that has none
   std::string out;  // run folder; "" means runs/TASK
   std::uint64_t seed = 0;
+  // A data-set task (TaskSpec::make_dataset) trains on its training split: `batch` rows of it a
+  // step, drawn afresh, or the whole split each step (full batch) with batch 0.
   std::size_t steps = 2000, batch = 32, warmup = 100, log_every = 100;
-  double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0, clip = 1.0;
-  std::size_t eval_batches = 32;  // of `batch` fresh sequences each
+  // AdamW (weight decay decoupled, on every parameter) with betas (0.9, beta2); gradients clipped
+  // to a norm of `clip` (0: not clipped).
+  double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0, beta2 = 0.999, clip = 1.0;
+  // A data-set task's share of its examples that trains (the rest is held out), split by `seed`;
+  // 0 for other tasks.
+  double train_fraction = 0;
+  std::size_t eval_batches = 32;  // of `batch` fresh sequences each (a data-set task: its held-out split)
   std::size_t checkpoint_every = 500;  // and at the end
   // With N > 0, OUT/snapshots.jsonl keeps what the heads look like along training (report/snapshots.hpp)
   // at step 0, the log-spaced steps 10, 20, 30, 50, 100, … below N, every N steps and the last.

@@ -26,14 +26,7 @@ Batch VocabularyTask::sample(std::size_t, Generator&) const {
                    "score the model with its own task (tasks::evaluate)");
 }
 
-std::string VocabularyTask::decode(const std::vector<std::int64_t>& tokens) const {
-  std::string text;
-  for (std::int64_t t : tokens) {
-    if (!text.empty()) text += ' ';
-    text += token_name(t);
-  }
-  return text;
-}
+std::string VocabularyTask::decode(const std::vector<std::int64_t>& tokens) const { return names_text(*this, tokens); }
 
 std::vector<std::int64_t> VocabularyTask::encode(const std::string& text) const {
   std::vector<std::int64_t> tokens;

@@ -33,8 +33,9 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
   const double D = double(m.d_model), L = double(m.layers), H = double(m.heads), T = double(m.max_len);
   const double S = double(o.max_source_len), encoder_layers = double(o.encoder_layers);
   const double Hkv = double(m.kv_heads ? m.kv_heads : m.heads);
-  const double dh = double(nn::head_dim(m)), B = double(o.batch);  // check_options ran: heads ≥ 1
+  const double dh = double(nn::head_dim(m)), B = double(step_rows(o));  // check_options ran: heads ≥ 1
   const double qkv_width = (H + 2 * Hkv) * dh, mlp = m.mlp ? 1.0 : 0.0;
+  const double hidden = m.d_mlp ? double(m.d_mlp) : 4 * D;  // the MLP's
   // Each parameter: its value, gradient and Adam's two moments, in float32.
   MemoryEstimate e;
   const double parameters = o.encoder_layers ? nn::parameter_count(encoder_decoder_config(o)) : nn::parameter_count(m);
@@ -44,7 +45,7 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
   // weights (B, H, T, T, padded to 16 queries); backward allocates as much again for gradients. An
   // encoder-decoder's decoder layers attend twice, to themselves and to the source.
   const auto layer = [&](double queries, double keys) {  // Pᵀ: keys × queries padded to 16
-    return B * queries * (6 * D + 2 * qkv_width + mlp * 14 * D) + 2 * B * H * keys * (std::ceil(queries / 16) * 16);
+    return B * queries * (6 * D + 2 * qkv_width + mlp * (2 * D + 3 * hidden)) + 2 * B * H * keys * (std::ceil(queries / 16) * 16);
   };
   const double layers = encoder_layers * layer(S, S) + L * (layer(T, T) + (o.encoder_layers ? layer(T, S) : 0));
   e.step = 2 * 4 * (layers + B * T * (3 * D + 2 * double(m.n_classes)) + B * S * 3 * D);
@@ -84,7 +85,7 @@ void check_memory(const TrainOptions& o, bool training) {
     };
     const nn::TransformerConfig& d = defaults.model;
     const auto kv_heads = [](const nn::TransformerConfig& c) { return double(c.kv_heads ? c.kv_heads : c.heads); };
-    consider("batch", double(o.batch), double(defaults.batch), [&](TrainOptions& s) { s.batch = defaults.batch; });
+    consider("batch", double(step_rows(o)), double(step_rows(defaults)), [&](TrainOptions& s) { s.batch = defaults.batch; });
     consider("model.max_len", double(m.max_len), double(d.max_len), [&](TrainOptions& s) { s.model.max_len = d.max_len; });
     consider("model.layers", double(m.layers), double(d.layers), [&](TrainOptions& s) { s.model.layers = d.layers; });
     if (o.encoder_layers)
@@ -102,7 +103,7 @@ void check_memory(const TrainOptions& o, bool training) {
     throw OptionError(field, fmt::format("needs about {} for the model{} and {} for a {} (batch {} of {} tokens, d_model {}, "
                                          "{} layers of {} heads), more than the {} this machine has available{}",
                                          bytes_text(need.model), training ? " and its optimizer state" : "",
-                                         bytes_text(need.step), training ? "training step" : "forward pass", o.batch,
+                                         bytes_text(need.step), training ? "training step" : "forward pass", step_rows(o),
                                          m.max_len, m.d_model, m.layers, m.heads, bytes_text(available),
                                          memory_sharers.load() > 1
                                              ? fmt::format(" for each of {} runs at once", memory_sharers.load())

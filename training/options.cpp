@@ -28,11 +28,12 @@ nlohmann::json model_json(const TrainOptions& o) {
 
 nlohmann::json config_json(const TrainOptions& o) {
   return {{"task", o.task}, {"n", o.n}, {"seed", o.seed}, {"steps", o.steps}, {"batch", o.batch}, {"warmup", o.warmup},
-          {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"clip", o.clip},
+          {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay}, {"beta2", o.beta2},
+          {"clip", o.clip}, {"train_fraction", o.train_fraction}, {"log_every", o.log_every},
           {"checkpoint_every", o.checkpoint_every}, {"snapshot_every", o.snapshot_every},
           {"keep_checkpoints", o.keep_checkpoints}, {"threads", o.threads}, {"blas", o.blas},
           {"mask_padding", o.mask_padding},
-          {"model", model_json(o)}, {"tokens", token_names(*make_task(o.task, o.n))}};
+          {"model", model_json(o)}, {"tokens", token_names(*make_task(o))}};
 }
 
 template <class... Args>
@@ -48,7 +49,7 @@ void check_range(const char* field, std::size_t value, std::size_t lo, std::size
 }  // namespace
 
 nn::EncoderDecoderConfig encoder_decoder_config(const TrainOptions& o) {
-  const TaskInfo info = make_task(o.task, o.n)->info();
+  const TaskInfo info = make_task(o)->info();
   if (!info.seq2seq) fail("train", "the {} task trains a decoder-only model, not an encoder-decoder", o.task);
   const nn::TransformerConfig& m = o.model;
   return {.src_vocab = info.seq2seq->source_vocab, .tgt_vocab = m.vocab_size, .max_src_len = o.max_source_len,
@@ -101,6 +102,11 @@ void check_seq2seq_options(const TrainOptions& o, const TaskInfo& info) {
          "attends bidirectionally in the encoder and causally in the decoder");
   refuse("snapshot_every", o.snapshot_every != 0, "snapshots do not follow (they follow decoder-only models)");
   refuse("keep_checkpoints", !o.keep_checkpoints.empty(), "inspect --across-training does not read (it reads decoder-only models)");
+  refuse("model.d_mlp", m.d_mlp != 0, "has an MLP of 4 d_model");
+  refuse("model.activation", m.activation != nn::Activation::gelu, "has GELU MLPs");
+  refuse("model.layer_norm", !m.layer_norm, "has LayerNorms");
+  refuse("model.attention_bias", !m.attention_bias, "has attention biases");
+  refuse("model.init", m.init != nn::Init::uniform, "draws its weights uniformly");
   try {
     nn::check(encoder_decoder_config(o));
   } catch (const nn::ConfigError& e) {
@@ -115,7 +121,8 @@ void check_options(const TrainOptions& o) {
   if (std::find(names.begin(), names.end(), o.task) == names.end())
     out_of_range("task", "'{}' is not a task: {}", o.task, fmt::join(names, ", "));
   check_range("steps", o.steps, 1, max_steps);
-  check_range("batch", o.batch, 1, max_batch);
+  check_range("batch", o.batch, 0, max_batch);
+  check_range("log_every", o.log_every, 1, max_steps);
   check_range("warmup", o.warmup, 0, max_steps);
   check_range("checkpoint_every", o.checkpoint_every, 1, max_steps);
   check_range("snapshot_every", o.snapshot_every, 0, max_steps);
@@ -126,14 +133,35 @@ void check_options(const TrainOptions& o) {
   if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) out_of_range("min_lr_ratio", "is {}; it must be in [0, 1]", o.min_lr_ratio);
   if (!(o.weight_decay >= 0 && o.weight_decay <= 10))
     out_of_range("weight_decay", "is {}; it must be in [0, 10]", o.weight_decay);
-  if (!(o.clip > 0 && std::isfinite(o.clip))) out_of_range("clip", "is {}; it must be positive and finite", o.clip);
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) out_of_range("beta2", "is {}; it must be in [0, 1)", o.beta2);
+  if (!(o.clip >= 0 && std::isfinite(o.clip)))
+    out_of_range("clip", "is {}; it must be finite, and positive (or 0: no clipping)", o.clip);
 
   try {
     task_size(o.task, o.n);
   } catch (const std::invalid_argument& e) {
     throw OptionError("n", e.what());
   }
-  const TaskInfo info = make_task(o.task, o.n)->info();
+  std::unique_ptr<Task> task;
+  const bool dataset = bool(task_spec(o.task).make_dataset);
+  if (!dataset && o.train_fraction != 0)
+    out_of_range("train_fraction", "is {}, but the {} task draws its sequences: it has no split", o.train_fraction, o.task);
+  if (dataset && !(o.train_fraction > 0 && o.train_fraction < 1))
+    out_of_range("train_fraction", "is {}; it must be in (0, 1)", o.train_fraction);
+  try {
+    task = make_task(o);
+  } catch (const std::invalid_argument& e) {
+    throw OptionError("train_fraction", e.what());
+  }
+  if (const Split* split = task->split()) {
+    const std::size_t rows = split->train.tokens.shape()[0];
+    if (o.batch > rows)
+      out_of_range("batch", "is {}, more than the {} examples the {} task trains on (0: all of them, a full batch)", o.batch,
+                   rows, o.task);
+  } else if (o.batch == 0) {
+    out_of_range("batch", "is 0, a full batch, but the {} task draws its sequences: give a batch of 1 or more", o.task);
+  }
+  const TaskInfo info = task->info();
   const nn::TransformerConfig& m = o.model;
   if (m.vocab_size != info.vocab_size)
     out_of_range("model.vocab_size", "is {}, but the {} task has {} tokens", m.vocab_size, o.task, info.vocab_size);
@@ -158,6 +186,13 @@ void check_options(const TrainOptions& o) {
   check_kept_checkpoints(o);
 }
 
+std::size_t step_rows(const TrainOptions& o) {
+  if (o.batch) return o.batch;
+  const auto task = make_task(o);
+  if (!task->split()) fail("train", "batch 0 (a full batch) is for a data-set task; the {} task draws its sequences", o.task);
+  return task->split()->train.tokens.shape()[0];
+}
+
 std::string config_text(const TrainOptions& o) { return config_json(o).dump(2) + "\n"; }
 
 TrainOptions read_config(const std::string& dir) {
@@ -179,12 +214,16 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   }
   o.seed = r.count("seed", 0, std::numeric_limits<std::uint64_t>::max());
   o.steps = r.count("steps", 1, max_steps);
-  o.batch = r.count("batch", 1, max_batch);
+  o.batch = r.count("batch", 0, max_batch);
   o.warmup = r.count("warmup", 0, max_steps);
   o.lr = r.number("lr");
   o.min_lr_ratio = r.number("min_lr_ratio");
   o.weight_decay = r.number("weight_decay");
   o.clip = r.number("clip");
+  // Absent from runs written before they were options.
+  if (r.has("beta2")) o.beta2 = r.number("beta2");
+  o.train_fraction = r.has("train_fraction") ? r.number("train_fraction") : 0;
+  if (r.has("log_every")) o.log_every = r.count("log_every", 1, max_steps);
   // Absent from runs written before they were recorded.
   if (r.has("checkpoint_every")) o.checkpoint_every = r.count("checkpoint_every", 1, max_steps);
   if (r.has("snapshot_every")) o.snapshot_every = r.count("snapshot_every", 0, max_steps);
@@ -213,7 +252,12 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
     o.model = nn::detail::read_transformer_config(r.at("model"), file, "model.");
   }
   // The task's token names, which inspect shows: absent from runs written before they were recorded.
-  const nlohmann::json tokens = token_names(*make_task(task, o.n));
+  nlohmann::json tokens;
+  try {
+    tokens = token_names(*make_task(o));
+  } catch (const std::invalid_argument& e) {
+    r.fail_at("train_fraction", "{}", e.what());
+  }
   if (r.has("tokens") && r.at("tokens") != tokens)
     r.fail_at("tokens", "are not the {} task's tokens ({})", task, tokens.dump());
   r.only(config_json(o));

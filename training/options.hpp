@@ -36,6 +36,9 @@ struct OptionError : std::invalid_argument {
 // a learning rate Adam can take), and throws OptionError naming the first field at fault.
 void check_options(const TrainOptions& options);
 
+// The rows of a training step: `batch`, or a data-set task's whole training split for batch 0.
+std::size_t step_rows(const TrainOptions& options);
+
 // The text of the config.json that records `options`.
 std::string config_text(const TrainOptions& options);
 // The options a run folder's config.json records; throws std::runtime_error naming the file and

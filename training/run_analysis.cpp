@@ -102,7 +102,7 @@ RunInfo open_run(const std::string& dir) {
   RunInfo run{.dir = dir, .task = nullptr, .options = std::nullopt};
   if (c.names_task) {
     const TrainOptions& o = run.options.emplace(read_config(dir));
-    run.task = make_task(o.task, o.n);
+    run.task = make_task(o);
     run.input_positions = o.encoder_layers ? o.max_source_len : o.model.max_len;  // a model may have more (--max-len)
     return run;
   }
@@ -195,6 +195,14 @@ nlohmann::json evaluate_run(const std::string& dir, std::size_t n, std::uint64_t
   const RunInfo run = open_run(dir);
   const TrainOptions& o = options_of(run, "an evaluation");
   const Task* task = run.task.get();
+  if (const Split* split = task->split()) {  // a data-set task: its held-out split and its training one, whole
+    const auto model = load_model(dir);
+    const RowsScore test = score_rows(*model, *task, split->test, o.mask_padding);
+    const RowsScore train = score_rows(*model, *task, split->train, o.mask_padding);
+    return {{"task", o.task}, {"dir", dir}, {"sequences", test.metrics.sequences}, {"accuracy", test.metrics.accuracy},
+            {"exact_match", test.metrics.exact_match}, {"loss", test.loss},
+            {"train", {{"sequences", train.metrics.sequences}, {"accuracy", train.metrics.accuracy}, {"loss", train.loss}}}};
+  }
   const std::size_t batches = (n + o.batch - 1) / o.batch;
   nlohmann::json out = {{"task", o.task}, {"dir", dir}, {"sequences", batches * o.batch}, {"seed", seed}};
   if (const Seq2SeqTask* seq2seq = as_seq2seq(*task)) {

@@ -9,6 +9,7 @@
 
 #include "qkv/core/shape.hpp"
 #include "qkv/tasks/registry.hpp"
+#include "qkv/training/kept_checkpoints.hpp"
 
 namespace qkv::training {
 
@@ -23,8 +24,8 @@ namespace {
 std::string task_sizes() {
   std::string sizes;
   for (const tasks::TaskSpec& spec : tasks::task_registry())
-    if (!spec.sizes.empty())
-      sizes += fmt::format("{}{} {} (default {})", sizes.empty() ? "" : "; ", spec.name, fmt::join(spec.sizes, ","),
+    if (!spec.sizes.empty() || spec.max_size > 0)
+      sizes += fmt::format("{}{} {} (default {})", sizes.empty() ? "" : "; ", spec.name, tasks::sizes_text(spec),
                            spec.default_size);
   return sizes;
 }
@@ -105,6 +106,10 @@ const std::vector<RunOption>& run_option_table() {
       count("max-len", 1, max_width, "Positions of the model (default: the task's longest sequence; a seq2seq task's on each side)"),
       choice("positions", nn::names_of(nn::all_positions), "learned (default) or sinusoidal"),
       count("n", 1, 1000, "The task's size: " + task_sizes()),
+      count("p", 1, 1000, "The modulus of modadd: its size, as --n"),
+      {.name = "train-fraction",
+       .kind = Kind::number,
+       .help = "A data-set task's share of examples that train, in (0, 1); the rest are held out (modadd: 0.3)"},
       count("seed", 0, UINT64_MAX, "Seed of every random draw"),
       count("steps", 1, max_steps, "Optimizer steps"),
       count("layers", 1, max_layers, "Attention layers (a seq2seq task's: of the encoder and of the decoder)"),
@@ -118,12 +123,24 @@ const std::vector<RunOption>& run_option_table() {
       choice("proj", nn::names_of(nn::all_projections), "learned, frozen, identity (no W_q, W_k, W_v) or identity-qk (W_q = W_k = I, W_v learned)"),
       flag("no-scale", "Scores without the 1/sqrt(d_head) factor"),
       flag("mlp", "A LayerNorm + MLP (d_model -> 4 d_model -> d_model, GELU) after each attention"),
+      count("d-mlp", 1, max_width, "The MLP's hidden width (default 4 d_model)"),
+      choice("activation", nn::names_of(nn::all_activations), "The MLP's activation: gelu (default) or relu"),
+      flag("no-layer-norm", "No LayerNorm before the attention, the MLP or the readout"),
+      flag("no-attention-bias", "The q, k, v and out projections without biases"),
+      choice("init", nn::names_of(nn::all_inits),
+             "uniform (default: PyTorch's modules') or normal (weights N(0, 1/d_model), the head's N(0, 1/classes), "
+             "biases 0)"),
       choice("embeddings", {"learned", "frozen"}, "learned, or frozen: embeddings and LayerNorms keep their init"),
       {.name = "attention",
        .kind = Kind::masks,
        .help = "causal or bidirectional (default: the task's), or one per layer: causal,bidirectional"},
       {.name = "lr", .kind = Kind::number, .help = "Peak learning rate, in (0, 10]"},
-      count("batch", 1, max_batch, "Sequences per step"),
+      {.name = "min-lr-ratio", .kind = Kind::number, .help = "The learning rate at the end, as a share of --lr, in [0, 1] (1: constant after the warmup)"},
+      {.name = "weight-decay", .kind = Kind::number, .help = "AdamW's decoupled weight decay, on every parameter, in [0, 10] (default 0)"},
+      {.name = "beta2", .kind = Kind::number, .help = "AdamW's beta2, in [0, 1) (default 0.999)"},
+      {.name = "clip", .kind = Kind::number, .help = "Clip the gradients' norm to this (default 1; 0: no clipping)"},
+      count("batch", 0, max_batch, "Sequences per step (a data-set task: rows of its training split, 0 for all of them)"),
+      count("log-every", 1, max_steps, "Steps between lines of metrics.jsonl (default 100)"),
       count("warmup", 0, max_steps, "Steps of linear learning-rate warmup (default 100; at most half the steps)"),
       count("checkpoint-every", 1, max_steps, "Steps between checkpoints (default 500; and at the end)"),
       count("snapshot-every", 1, max_steps,
@@ -206,10 +223,12 @@ TrainOptions run_options(const std::string& task, const nlohmann::json& given) {
     if (has(name)) into = count(name);
   };
   TrainOptions o;
+  if (has("n") && has("p")) throw RunOptionError("p", "is the task's size, as --n: give one of them");
+  const char* size = has("p") ? "p" : "n";
   try {
-    o = tasks::default_options(task, has("n") ? count("n") : 0);
+    o = tasks::default_options(task, has(size) ? count(size) : 0);
   } catch (const std::invalid_argument& e) {
-    throw RunOptionError("n", e.what());
+    throw RunOptionError(size, e.what());
   }
   set("steps", o.steps);
   set("layers", o.model.layers);
@@ -225,11 +244,25 @@ TrainOptions run_options(const std::string& task, const nlohmann::json& given) {
   if (has("positions")) o.model.positions = *nn::from_name(nn::all_positions, values.at("positions").get<std::string>());
   set("batch", o.batch);
   set("warmup", o.warmup);
+  set("log-every", o.log_every);
+  set("d-mlp", o.model.d_mlp);
+  if (has("activation")) o.model.activation = *nn::from_name(nn::all_activations, values.at("activation").get<std::string>());
+  if (has("init")) o.model.init = *nn::from_name(nn::all_inits, values.at("init").get<std::string>());
+  if (has("no-layer-norm")) o.model.layer_norm = !*flag_of(values.at("no-layer-norm"));
+  if (has("no-attention-bias")) o.model.attention_bias = !*flag_of(values.at("no-attention-bias"));
+  const auto number = [&](const char* name, double& into) {
+    if (has(name)) into = *number_of(values.at(name));
+  };
+  number("min-lr-ratio", o.min_lr_ratio);
+  number("weight-decay", o.weight_decay);
+  number("beta2", o.beta2);
+  number("clip", o.clip);
+  number("train-fraction", o.train_fraction);
   set("checkpoint-every", o.checkpoint_every);
   set("snapshot-every", o.snapshot_every);
   if (has("keep-checkpoints")) o.keep_checkpoints = values.at("keep-checkpoints").get<std::string>();
   if (has("seed")) o.seed = *count_of(values.at("seed"));
-  if (has("lr")) o.lr = *number_of(values.at("lr"));
+  number("lr", o.lr);
   if (has("qk")) o.model.qk = *nn::from_name(nn::all_qk, values.at("qk").get<std::string>());
   if (has("proj")) o.model.proj = *nn::from_name(nn::all_projections, values.at("proj").get<std::string>());
   if (has("no-scale")) o.model.scale = !*flag_of(values.at("no-scale"));
@@ -251,7 +284,10 @@ std::string option_of_field(const std::string& field) {
       {"model.d_head", "d-head"},   {"model.kv_heads", "kv-heads"}, {"n", "n"},
       {"model.max_len", "max-len"}, {"model.causal_layers", "attention"}, {"encoder_layers", "encoder-layers"},
       {"max_source_len", "max-len"}, {"model.scale", "no-scale"}, {"model.embeddings", "embeddings"},
-      {"model.qk", "qk"}, {"model.proj", "proj"}};
+      {"model.qk", "qk"}, {"model.proj", "proj"}, {"model.d_mlp", "d-mlp"}, {"model.activation", "activation"},
+      {"model.layer_norm", "no-layer-norm"}, {"model.attention_bias", "no-attention-bias"}, {"model.init", "init"},
+      {"min_lr_ratio", "min-lr-ratio"}, {"weight_decay", "weight-decay"}, {"beta2", "beta2"}, {"clip", "clip"},
+      {"train_fraction", "train-fraction"}, {"log_every", "log-every"}};
   const auto it = options.find(field);
   return it == options.end() ? "" : it->second;
 }

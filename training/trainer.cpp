@@ -116,7 +116,9 @@ template <class Model>
 TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator& gen, std::ostream& progress, bool tty,
                 const std::function<void(std::size_t, const Model&)>& observe) {
   constexpr bool decoder_only = std::is_same_v<Model, nn::Transformer>;
-  optim::Adam opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  optim::AdamW opt(model.parameters(), {.lr = o.lr, .beta2 = o.beta2, .weight_decay = o.weight_decay});
+  const Split* split = task.split();  // a data-set task's
+  const std::size_t batch = o.batch ? o.batch : split->train.tokens.shape()[0];  // 0: full batch (check_options)
   const optim::Schedule schedule = training_schedule(o);
 
   fs::path out = fs::path(o.out.empty() ? "runs/" + o.task : o.out).lexically_normal();
@@ -178,21 +180,27 @@ TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator
   std::size_t since_log = 0;
   if (first_step == 0) observed(0);
   for (std::size_t step = first_step; step < last_step; ++step) {
-    const Batch b = task.sample(o.batch, gen);
+    const Batch b = task.sample(batch, gen);
     schedule.apply(opt, step);
     opt.zero_grad();
     const Forward f = forward(model, task, b, o.mask_padding, true);
     f.loss.backward();
-    optim::clip_grad_norm(model.parameters(), o.clip);
+    if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
     opt.step();
     running_loss += f.loss.item();
     running_acc += score(f.predictions, b).accuracy;
     ++since_log;
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
+      nlohmann::json line = {{"step", step + 1}, {"loss", running_loss / double(since_log)},
+                             {"accuracy", running_acc / double(since_log)}, {"lr", opt.lr()}};
+      if constexpr (decoder_only)
+        if (split) {  // the held-out split after this step, in the run's time
+          const RowsScore test = score_rows(model, task, split->test, o.mask_padding);
+          line["test_loss"] = test.loss;
+          line["test_accuracy"] = test.metrics.accuracy;
+        }
       const double seconds = elapsed(), rate = double(step + 1 - first_step) / seconds;
-      const nlohmann::json line = {{"step", step + 1}, {"loss", running_loss / double(since_log)},
-                                   {"accuracy", running_acc / double(since_log)}, {"lr", opt.lr()},
-                                   {"seconds", seconds}};
+      line["seconds"] = seconds;
       metrics.write(line.dump());
       const std::string text = fmt::format("step {:>5}/{}  loss {:.4f}  accuracy {:6.2f}%  {:.0f} steps/s  ETA {:.0f}s",
                                            step + 1, o.steps, running_loss / double(since_log),
@@ -298,7 +306,7 @@ TrainResult train(const TrainOptions& options, std::ostream& progress, bool tty,
   if (!o.resume) o.blas = blas_kernels();
   check_options(o);
   check_memory(o, true);
-  const auto task = make_task(o.task, o.n);
+  const auto task = make_task(o);
   Generator gen(o.seed);
   if (o.encoder_layers) {
     if (observe)

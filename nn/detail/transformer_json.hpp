@@ -37,7 +37,8 @@ E parse_enum(const FieldReader& r, const char* key, const E (&values)[N]) {
 
 // A config's fields, listed once for its writer and its reader: each is visited with its name in
 // config.json and its member, v.count(name, member, lo, hi) for a size in [lo, hi],
-// v.flag(name, member), v.option(name, member, values, optional) for an enum.
+// v.flag(name, member), v.option(name, member, values) for an enum; each with a last `true` when
+// it may be absent (the member keeps its default).
 template <class Config, class Visitor>
 void attention_fields(Config& c, Visitor& v) {  // what both models' configs have
   constexpr std::uint64_t most = TransformerConfig::max_width;
@@ -62,6 +63,12 @@ void config_fields(TransformerConfig& c, Visitor& v) {  // and embeddings and ca
   v.count("kv_heads", c.kv_heads, 0, most);
   v.flag("scale", c.scale);
   v.option("positions", c.positions, all_positions, true);  // absent from older runs: learned
+  // Absent from runs written before they were options: 4·d_model, GELU, LayerNorm, biases, uniform.
+  v.count("d_mlp", c.d_mlp, 0, most, true);
+  v.option("activation", c.activation, all_activations, true);
+  v.flag("layer_norm", c.layer_norm, true);
+  v.flag("attention_bias", c.attention_bias, true);
+  v.option("init", c.init, all_inits, true);
 }
 
 template <class Visitor>
@@ -80,8 +87,8 @@ void config_fields(EncoderDecoderConfig& c, Visitor& v) {
 // The visitor that writes the fields into a JSON object.
 struct FieldWriter {
   nlohmann::json& out;
-  void count(const char* key, std::size_t value, std::uint64_t, std::uint64_t) { out[key] = value; }
-  void flag(const char* key, bool value) { out[key] = value; }
+  void count(const char* key, std::size_t value, std::uint64_t, std::uint64_t, bool = false) { out[key] = value; }
+  void flag(const char* key, bool value, bool = false) { out[key] = value; }
   template <class E, std::size_t N>
   void option(const char* key, E value, const E (&)[N], bool = false) {
     out[key] = name_of(value);
@@ -92,8 +99,12 @@ struct FieldWriter {
 // member's default).
 struct FieldLoader {
   const FieldReader& in;
-  void count(const char* key, std::size_t& value, std::uint64_t lo, std::uint64_t hi) { value = in.count(key, lo, hi); }
-  void flag(const char* key, bool& value) { value = in.flag(key); }
+  void count(const char* key, std::size_t& value, std::uint64_t lo, std::uint64_t hi, bool optional = false) {
+    if (!optional || in.has(key)) value = in.count(key, lo, hi);
+  }
+  void flag(const char* key, bool& value, bool optional = false) {
+    if (!optional || in.has(key)) value = in.flag(key);
+  }
   template <class E, std::size_t N>
   void option(const char* key, E& value, const E (&values)[N], bool optional = false) {
     if (!optional || in.has(key)) value = parse_enum(in, key, values);

@@ -92,8 +92,8 @@ TEST_CASE("inspect: token QK table, attention, score asymmetry and opener weight
   // Token table of layer 0, head 1: (LN(E) W_qᵀ + b_q)(LN(E) W_kᵀ + b_k)ᵀ / √d_head, by hand.
   const nn::TransformerBlock& block = *model.blocks[0];
   const std::size_t d_head = 8, h = 1;
-  const Array<double> x = layer_norm_rows(f64_of(model.tok.weight), f64_of(block.ln1.weight), f64_of(block.ln1.bias),
-                                          block.ln1.eps);
+  const Array<double> x = layer_norm_rows(f64_of(model.tok.weight), f64_of(block.ln1->weight), f64_of(block.ln1->bias),
+                                          block.ln1->eps);
   const Array<double> wq = f64_of(block.attn.q_proj->weight), bq = f64_of(block.attn.q_proj->bias);
   const Array<double> wk = f64_of(block.attn.k_proj->weight), bk = f64_of(block.attn.k_proj->bias);
   const Array<double> q = xt::view(xt::linalg::dot(x, xt::transpose(wq)) + bq, xt::all(), xt::range(h * d_head, (h + 1) * d_head));

@@ -144,7 +144,7 @@ TEST_CASE("direct logit attribution: the parts add up to the logit difference, e
   const Array<double> stream = cache["blocks.1.hook_resid_post"].value<double>();
   const Array<double> logits = cache.output.logits.value<double>();
   const Array<double> w_o = model->blocks[1]->attn.out_proj->weight.value<double>();  // (d_model, H·d_v)
-  const Array<double> unembed = model->head->weight.value<double>(), gamma = model->ln_final.weight.value<double>();
+  const Array<double> unembed = model->head->weight.value<double>(), gamma = model->ln_final->weight.value<double>();
   const std::size_t dv = z.shape()[3], D = stream.shape()[2];
   double sum = 0;
   std::size_t n = 0;

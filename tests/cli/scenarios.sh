@@ -47,9 +47,9 @@ case "$scenario" in
     small_run
     set_field batch 0
     run "$qkv" eval run
-    expect 1 "run/config.json: 'batch' is 0, out of range"
+    expect 1 "run/config.json: 'batch' is 0, a full batch, but the brackets task draws its sequences"
     run "$qkv" train brackets --out run --resume
-    expect 1 "run/config.json: 'batch' is 0, out of range"
+    expect 1 "run/config.json: 'batch' is 0, a full batch, but the brackets task draws its sequences"
     ;;
   batch-huge)  # was accuracy 0 on 0 sequences, exit 0
     small_run

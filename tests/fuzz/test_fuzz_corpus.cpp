@@ -104,7 +104,7 @@ TEST_CASE("every file of the fuzz corpus loads, or is rejected naming its fault"
       {"config-not-json", {"config.json", "fuzz/config.json: invalid JSON"}},
       {"config-unknown-task", {"config.json", "'task' is 'sorting!'; it must be one of brackets, rps, induction"}},
       {"config-wrong-type", {"config.json", "'model.causal' must be true or false, not a number"}},
-      {"config-batch-zero", {"config.json", "fuzz/config.json: 'batch' is 0, out of range [1, 1000000]"}},
+      {"config-batch-zero", {"config.json", "fuzz/config.json: 'batch' is 0, a full batch, but the brackets task draws its sequences"}},
       {"config-batch-huge", {"config.json", "'batch' is 18446744073709551615, out of range"}},
       {"config-warmup-float", {"config.json", "'warmup' must be a whole number in [0, 1000000000], not 1e+300"}},
       {"config-d-model-negative", {"config.json", "'model.d_model' is -16, out of range [1, 1000000]"}},

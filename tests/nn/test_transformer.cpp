@@ -4,6 +4,10 @@
 #include <map>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xsort.hpp>
+
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/nn/safetensors.hpp"
@@ -85,6 +89,9 @@ TEST_CASE("parameter_count equals the parameters a model of the config builds") 
       with([](auto& c) { c.heads = 4; c.kv_heads = 2; }),
       with([](auto& c) { c.heads = 4; c.kv_heads = 1; c.d_head = 3; }),
       with([](auto& c) { c.readout = nn::Readout::pointer; c.n_classes = 0; c.layers = 3; }),
+      with([](auto& c) { c.mlp = true; c.d_mlp = 5; c.activation = nn::Activation::relu; }),
+      with([](auto& c) { c.mlp = true; c.layer_norm = false; c.attention_bias = false; c.init = nn::Init::normal; }),
+      with([](auto& c) { c.layer_norm = false; c.heads = 4; c.kv_heads = 2; c.attention_bias = false; }),
   };
   for (const auto& c : configs) {
     INFO(nn::to_json(c));
@@ -93,6 +100,13 @@ TEST_CASE("parameter_count equals the parameters a model of the config builds") 
   }
   // By hand, for one: tok 5·8 + pos 6·8 + 2 × (ln1 16 + q, k, v 3·72 + out 72) + ln_f 16 + head 27.
   CHECK(nn::parameter_count(small_config()) == 40 + 48 + 2 * (16 + 216 + 72) + 16 + 27);
+  // Nanda et al.'s modular-addition model, p = 113: W_E 114·128, W_pos 3·128, W_Q, W_K, W_V, W_O
+  // 4·128·128, W_in 512·128 + 512, W_out 128·512 + 128, and W_U 114·128 with a bias of 114 (the
+  // paper's has none).
+  nn::TransformerConfig paper{.vocab_size = 114, .n_classes = 114, .max_len = 3, .layers = 1, .d_model = 128, .heads = 4,
+                              .mlp = true, .d_mlp = 512, .activation = nn::Activation::relu, .layer_norm = false,
+                              .attention_bias = false};
+  CHECK(nn::parameter_count(paper) == 14592 + 384 + 65536 + (65536 + 512) + (65536 + 128) + (14592 + 114));
 }
 
 TEST_CASE("a config that cannot build a model names the field at fault") {
@@ -119,6 +133,9 @@ TEST_CASE("a config that cannot build a model names the field at fault") {
   CHECK(field([](auto& c) { c.qk = nn::QK::symmetric; c.d_head = 1; }) == "d_head");
   CHECK(field([](auto& c) { c.qk = nn::QK::symmetric; c.heads = 8; }) == "d_head");  // d_model 8 / 8 heads = 1
   CHECK(field([](auto& c) { c.qk = nn::QK::symmetric; c.heads = 4; }) == "(none)");  // d_head 2: one of each sign
+  CHECK(field([](auto& c) { c.d_mlp = 12; }) == "d_mlp");  // without the MLP
+  CHECK(field([](auto& c) { c.activation = nn::Activation::relu; }) == "activation");
+  CHECK(field([](auto& c) { c.mlp = true; c.d_mlp = 12; c.activation = nn::Activation::relu; }) == "(none)");
 
   Generator gen(0);
   nn::TransformerConfig bad = small_config();
@@ -145,6 +162,21 @@ TEST_CASE("a config reads back as written, and a bad field is named") {
   CHECK(back.proj == nn::Projection::frozen);
   CHECK(back.d_head == 5);
   CHECK(back.frozen_embeddings);
+  c.d_mlp = 7;
+  c.activation = nn::Activation::relu;
+  c.layer_norm = false;
+  c.attention_bias = false;
+  c.init = nn::Init::normal;
+  const nn::TransformerConfig again = nn::parse_transformer_config(nn::to_json(c), "f");
+  CHECK(nn::to_json(again) == nn::to_json(c));
+  CHECK((again.d_mlp == 7 && again.activation == nn::Activation::relu && !again.layer_norm && !again.attention_bias &&
+         again.init == nn::Init::normal));
+  // A config written before these fields reads as the model it was: 4·d_model, GELU, LayerNorm,
+  // attention biases, PyTorch's init.
+  nlohmann::json older = nlohmann::json::parse(nn::to_json(small_config()));
+  for (const char* field : {"d_mlp", "activation", "layer_norm", "attention_bias", "init"}) older.erase(field);
+  const nn::TransformerConfig old = nn::parse_transformer_config(older.dump(), "f");
+  CHECK(nn::to_json(old) == nn::to_json(small_config()));
 
   const auto message = [&](const std::string& from, const std::string& to) {
     std::string text = nn::to_json(small_config());
@@ -159,6 +191,69 @@ TEST_CASE("a config reads back as written, and a bad field is named") {
   CHECK(message("\"mlp\":false", "\"mlp\":0") == "c.json: 'model.mlp' must be true or false, not a number");
   CHECK(message("\"mlp\":false", "\"mlp\":false,\"dropout\":0.1") == "c.json: 'model.dropout' is not a known field");
   CHECK(message("\"layers\":2,", "") == "c.json: 'model.layers' is missing");
+  CHECK(message("\"activation\":\"gelu\"", "\"activation\":\"tanh\"") ==
+        "c.json: 'model.activation' is 'tanh'; it must be one of gelu, relu");
+  CHECK(message("\"d_mlp\":0", "\"d_mlp\":4") == "c.json: 'model.d_mlp' is 4, but the model has no MLP (mlp is false)");
+  CHECK(message("\"init\":\"uniform\"", "\"init\":\"xavier\"") ==
+        "c.json: 'model.init' is 'xavier'; it must be one of uniform, normal");
+}
+
+TEST_CASE("without LayerNorm the model reads the stream as it is, and forward_last is forward's last position") {
+  nn::TransformerConfig c{.vocab_size = 7, .n_classes = 7, .max_len = 4, .layers = 2, .d_model = 8, .heads = 2,
+                          .mlp = true, .d_mlp = 12, .activation = nn::Activation::relu, .layer_norm = false,
+                          .attention_bias = false, .dtype = DType::float64};
+  Generator gen(3);
+  nn::Transformer model(c, gen);
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    CHECK(name.find("ln") == std::string::npos);
+    CHECK_FALSE((name.find("attn") != std::string::npos && name.ends_with(".bias")));
+  }
+  CHECK_FALSE(model.ln_final);
+  CHECK(model.blocks[1]->mlp->fc.weight.size(0) == 12);
+  const IndexArray tokens{{0, 3, 1, 6}, {4, 4, 0, 1}, {2, 5, 5, 3}};
+  // The first block's attention reads the embedding itself: ln1.hook_normalized is hook_resid_pre.
+  const nn::ActivationCache cache = model.run_with_cache(tokens, {"blocks.0.hook_resid_pre", "blocks.0.ln1.hook_normalized",
+                                                                  "blocks.1.mlp.hook_pre", "blocks.1.mlp.hook_post"});
+  check_close(cache["blocks.0.ln1.hook_normalized"], cache["blocks.0.hook_resid_pre"].value<double>(), 0);
+  // ReLU: hook_post is hook_pre with its negative entries 0, and some are.
+  const Array<double>& pre = cache["blocks.1.mlp.hook_pre"].value<double>();
+  check_close(cache["blocks.1.mlp.hook_post"], xt::maximum(pre, 0.0), 0);
+  CHECK(xt::sum(xt::cast<double>(pre < 0))() > 10);
+
+  const Array<double> full = model.forward(tokens).logits.value<double>();
+  const nn::TransformerOutput last = model.forward_last(tokens);
+  CHECK(last.logits.shape() == Shape{3, 1, 7});
+  check_close(last.logits, xt::view(full, xt::all(), xt::range(3, 4), xt::all()), 1e-13);
+  c.readout = nn::Readout::pointer;
+  c.n_classes = 0;
+  nn::Transformer pointer(c, gen);
+  CHECK_THROWS_WITH(pointer.forward_last(tokens), Contains("forward_last reads the token readout"));
+}
+
+TEST_CASE("the normal init draws weights N(0, 1/d_model), the head's N(0, 1/n_classes), biases 0") {
+  nn::TransformerConfig c{.vocab_size = 300, .n_classes = 40, .max_len = 50, .layers = 1, .d_model = 64, .heads = 4,
+                          .mlp = true, .init = nn::Init::normal};
+  Generator gen(5);
+  nn::Transformer model(c, gen);
+  std::size_t weights = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    const Array<double> v = p.to(DType::float64).value<double>();
+    if (name.find("ln") != std::string::npos) {  // LayerNorms as ever
+      CHECK(xt::all(xt::equal(v, name.ends_with("weight") ? 1.0 : 0.0)));
+    } else if (name.ends_with(".bias")) {
+      CHECK(xt::amax(xt::abs(v))() == 0.0);
+    } else {
+      // Each has at least 2,000 entries: the sample sd is within 5% of the drawn one.
+      const double sd = name == "head.weight" ? 1 / std::sqrt(40.0) : 1 / std::sqrt(64.0);
+      CHECK(v.size() >= 2000);
+      CHECK(std::sqrt(xt::variance(v)()) == Approx(sd).epsilon(0.05));
+      CHECK(std::abs(xt::mean(v)()) < 0.1 * sd);
+      ++weights;
+    }
+  }
+  CHECK(weights == 9);  // tok, pos, q, k, v, out, fc, proj, head
 }
 
 TEST_CASE("a Transformer with frozen embeddings trains only its attention, MLPs and head") {

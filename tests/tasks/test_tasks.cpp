@@ -156,7 +156,7 @@ TEST_CASE("score: accuracy over scored positions and exact match over sequences"
 
 TEST_CASE("an unknown task is named, with the known ones") {
   CHECK(invalid_argument_message([] { make_task("sorting"); }) ==
-        "task: unknown task 'sorting' (known: brackets, rps, induction, line, cycle, reverse, sort, translate)");
+        "task: unknown task 'sorting' (known: brackets, rps, induction, line, cycle, reverse, sort, translate, modadd)");
 }
 
 TEST_CASE("token names label every token of each task") {
@@ -186,7 +186,8 @@ TEST_CASE("every registered task is whole: its generator, defaults that pass the
   for (const TaskSpec& spec : task_registry()) {
     INFO(spec.name);
     const auto task = spec.make(spec.default_size);
-    CHECK(spec.sizes.empty() == (spec.default_size == 0));
+    CHECK((spec.sizes.empty() && spec.max_size == 0) == (spec.default_size == 0));
+    if (spec.max_size > 0) CHECK((spec.min_size <= spec.default_size && spec.default_size <= spec.max_size));
     for (std::size_t n : spec.sizes) CHECK_NOTHROW(check_options(default_options(spec.name, n)));
     CHECK(task->info().name == spec.name);
     const TrainOptions o = default_options(spec.name);

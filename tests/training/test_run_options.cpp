@@ -104,5 +104,6 @@ TEST_CASE("run options refuse what qkv train refuses, naming the option") {
   }
   CHECK(option_of_field("model.d_model") == "d-model");
   CHECK(option_of_field("warmup") == "warmup");
-  CHECK(option_of_field("min_lr_ratio").empty());
+  CHECK(option_of_field("min_lr_ratio") == "min-lr-ratio");
+  CHECK(option_of_field("model.vocab_size").empty());
 }
