@@ -11,6 +11,7 @@
 #include <xtensor/xview.hpp>
 
 #include "qkv/analysis/patching.hpp"
+#include "qkv/analysis/detail/f64.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/tasks/evaluate.hpp"
 
@@ -30,7 +31,7 @@ double LogitAttribution::total() const {
 
 namespace {
 
-Array<double> f64(const Tensor& t) { return t.to(DType::float64).value<double>(); }
+using detail::f64;
 
 // The scored positions, each a row of the flattened (B·T) stream with its direction and constant.
 struct Readout {

@@ -14,6 +14,7 @@
 #include "qkv/nn/generate.hpp"
 #include "qkv/report/explore.hpp"
 #include "qkv/tasks/evaluate.hpp"
+#include "qkv/tasks/builtin.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/tasks/vocabulary_task.hpp"
 #include "qkv/training/kept_checkpoints.hpp"
@@ -314,6 +315,25 @@ analysis::AcrossTraining across_training_run(const std::string& dir, analysis::M
     a.checkpoints.push_back(analysis::measure_checkpoint(*r.model, *run.task, task_spec(o.task).corruption, step, options));
   }
   return a;
+}
+
+analysis::FourierRun fourier_run(const std::string& dir, const analysis::FourierOptions& options) {
+  const RunInfo run = open_run(dir);
+  const auto* modadd = dynamic_cast<const tasks::ModAddTask*>(run.task.get());
+  if (!modadd)
+    throw std::invalid_argument(fmt::format("{}: a {} run: the Fourier analysis reads a model of modular addition (the "
+                                            "modadd task)",
+                                            dir, run.task->info().name));
+  const auto model = load_model(dir);
+  analysis::FourierRun r{.dir = dir, .final = analysis::fourier_analysis(*model, *modadd, options), .steps = {}, .along = {}};
+  analysis::FourierOptions along = options;
+  along.key_frequencies = r.final.key_frequencies;
+  for (const auto& [step, path] : kept_checkpoints(dir)) {
+    nn::load_weights(nn::load_safetensors(path), path, *model);
+    r.steps.push_back(step);
+    r.along.push_back(analysis::fourier_analysis(*model, *modadd, along));
+  }
+  return r;
 }
 
 analysis::Ablation ablate_run(const std::string& dir, const std::string& data) {

@@ -14,6 +14,7 @@
 
 #include "qkv/analysis/ablate.hpp"
 #include "qkv/analysis/across_training.hpp"
+#include "qkv/analysis/fourier.hpp"
 #include "qkv/analysis/logit_attribution.hpp"
 #include "qkv/analysis/path_patching.hpp"
 #include "qkv/analysis/patching.hpp"
@@ -57,6 +58,11 @@ std::vector<analysis::StepAttention> attention_along_training(const std::string&
 // as the run trained. std::runtime_error naming the run when it kept none, or naming the file
 // when one does not fit the run's model.
 analysis::AcrossTraining across_training_run(const std::string& dir, analysis::MeasureOptions options = {});
+
+// `qkv inspect DIR --fourier`: analysis::fourier_analysis of a modular-addition run's model and of
+// each checkpoint it kept (none kept: the final model alone). std::invalid_argument naming the run
+// and its task for any other task.
+analysis::FourierRun fourier_run(const std::string& dir, const analysis::FourierOptions& options = {});
 
 // The same on the sequences of a data file (tasks::read_dataset: JSON lines of tokens and targets,
 // read as the run's tokens), for any decoder-only run, a library program's too: {task, dir, data,

@@ -10,6 +10,7 @@
 #include "examples/cli/command.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/report/across_training.hpp"
+#include "qkv/report/fourier.hpp"
 #include "qkv/report/alignment.hpp"
 #include "qkv/report/heatmap.hpp"
 #include "qkv/report/inspect.hpp"
@@ -21,8 +22,21 @@ namespace {
 
 struct InspectArgs {
   std::string dir, input, html, svg;
-  bool json = false, across_training = false;
+  bool json = false, across_training = false, fourier = false;
 };
+
+// --fourier: a modular-addition run in the Fourier basis, and along training.
+int fourier(const InspectArgs& a) {
+  analysis::FourierRun r;
+  try {
+    r = training::fourier_run(a.dir);
+  } catch (const std::invalid_argument& e) {
+    usage("--fourier", "{}", e.what());
+  }
+  if (a.json) fmt::print("{}\n", report::to_json(r).dump());
+  else report::print_fourier(std::cout, r);
+  return 0;
+}
 
 // --across-training: the kept checkpoints' measures as JSON, SVG charts or tables.
 int across_training(const InspectArgs& a) {
@@ -58,6 +72,7 @@ int show(const InspectArgs& a, const Inspection& in) {
 
 int run_inspect(const InspectArgs& a) {
   if (a.across_training) return across_training(a);
+  if (a.fourier) return fourier(a);
   const training::RunInfo run = training::open_run(a.dir);
   std::optional<std::vector<std::int64_t>> input;
   if (a.input.empty() && run.library_run())
@@ -89,6 +104,12 @@ void add_inspect(CLI::App& app, Command& run) {
                 "head's σ, detectors, prefix matching, patching and direct logit attribution, composition")
       ->excludes(input)
       ->excludes(html);
+  sub->add_flag("--fourier", a->fourier,
+                "A modular-addition run (modadd) in the Fourier basis of Z_p: key frequencies, embedding and unembedding "
+                "norms, neurons, heads, restricted and excluded losses; along training at each kept checkpoint")
+      ->excludes(input)
+      ->excludes(html)
+      ->excludes("--across-training");
   sub->callback([&run, a] { run = [a] { return run_inspect(*a); }; });
 }
 
