@@ -8,6 +8,7 @@
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xview.hpp>
 
+#include "qkv/analysis/across_training.hpp"
 #include "qkv/analysis/detail/f64.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
@@ -200,6 +201,28 @@ FourierAnalysis fourier_analysis(nn::Transformer& model, const tasks::ModAddTask
   std::tie(r.restricted_loss, r.restricted_accuracy) = loss_of(restricted, all, p);
   std::tie(r.excluded_loss, r.excluded_accuracy) = loss_of(excluded, train, p);
   return r;
+}
+
+Grokking grokking(const FourierRun& run, const std::vector<TrainingHistory::Logged>& log) {
+  Grokking g;
+  for (const TrainingHistory::Logged& line : log) {
+    if (!g.train_99 && line.accuracy >= 0.99) g.train_99 = line.step;
+    if (!g.test_99 && line.test_accuracy && *line.test_accuracy >= 0.99) g.test_99 = line.step;
+  }
+  std::vector<std::pair<std::size_t, double>> restricted, excluded, norm;
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    restricted.emplace_back(run.steps[i], run.along[i].restricted_loss);
+    excluded.emplace_back(run.steps[i], run.along[i].excluded_loss);
+    norm.emplace_back(run.steps[i], run.along[i].weight_norm);
+  }
+  g.restricted = half_way_step(restricted);
+  g.excluded = half_way_step(excluded);
+  if (!norm.empty()) {
+    const auto peak = std::max_element(norm.begin(), norm.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    g.weight_norm_peak = peak->first;
+    g.weight_norm_fall = half_way_step({peak, norm.end()});
+  }
+  return g;
 }
 
 }  // namespace qkv::analysis

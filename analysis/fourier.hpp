@@ -23,9 +23,11 @@
 //                        out: what the model does without them
 //   weight norm          the sum of the squares of every parameter, which weight decay shrinks
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "qkv/analysis/inspect.hpp"
 #include "qkv/core/tensor.hpp"
 #include "qkv/nn/transformer.hpp"
 #include "qkv/tasks/builtin.hpp"
@@ -83,5 +85,18 @@ struct FourierRun {
   std::vector<std::size_t> steps;      // of the kept checkpoints, ascending
   std::vector<FourierAnalysis> along;  // one a step
 };
+
+// Grokking's progress along a run, from its log (every logged step's training and held-out
+// accuracy) and its FourierRun (the kept checkpoints):
+//   train_99, test_99        the first logged step each accuracy reached 99%
+//   restricted, excluded     the kept step from which on the restricted (excluded) loss stays past
+//                            half of the way from its first value to its last (half_way_step)
+//   weight_norm_peak         the kept step of the largest weight norm, and weight_norm_fall the
+//                            step from which on it stays past half of the way from that peak to
+//                            its last value
+struct Grokking {
+  std::optional<std::size_t> train_99, test_99, restricted, excluded, weight_norm_peak, weight_norm_fall;
+};
+Grokking grokking(const FourierRun& run, const std::vector<TrainingHistory::Logged>& log);
 
 }  // namespace qkv::analysis

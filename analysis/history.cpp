@@ -95,7 +95,10 @@ TrainingHistory parse_history(std::string_view metrics, std::string_view snapsho
     }
   };
   each_line(metrics, dir + "/metrics.jsonl", [&](const nlohmann::json& j) {
-    history.logged.push_back({step_of(j), number(j.at("loss")), number(j.at("accuracy"))});
+    TrainingHistory::Logged line{.step = step_of(j), .loss = number(j.at("loss")), .accuracy = number(j.at("accuracy"))};
+    if (j.contains("test_loss")) line.test_loss = number(j.at("test_loss"));
+    if (j.contains("test_accuracy")) line.test_accuracy = number(j.at("test_accuracy"));
+    history.logged.push_back(line);
   });
   // Every size in a snapshot is the run's own: its layers and heads, an input no longer than its
   // positions, of tokens in its vocabulary.

@@ -58,6 +58,8 @@ struct TrainingHistory {
   struct Logged {
     std::size_t step = 0;
     double loss = 0, accuracy = 0;  // on the training batches, means over the logging window
+    // A data-set task's: on its whole held-out split after the step.
+    std::optional<double> test_loss{}, test_accuracy{};
   };
   struct Snapshot {
     std::size_t step = 0;

@@ -194,12 +194,27 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   const std::string out = e.out.empty() ? "runs/experiment-" + name : e.out;
   std::error_code error;
   const bool has_runs = std::filesystem::exists(out + "/runs", error) && !std::filesystem::is_empty(out + "/runs", error);
-  if (!e.force && (std::filesystem::exists(out + "/results.json", error) || has_runs))
-    throw UsageError(fmt::format("--out {}: holds an experiment's results already; give --force to replace them", out));
+  if (e.resume) {
+    if (e.force) throw UsageError("--resume: goes on with the runs in --out; --force replaces them: give one");
+    std::optional<Json> before;
+    try {
+      before = Json::parse(nn::read_file(out + "/sweep.json", 1 << 20));
+    } catch (const std::exception&) {
+      throw UsageError(fmt::format("--resume: {} holds no experiment to go on with (no sweep.json)", out));
+    }
+    if (*before != spec)
+      throw UsageError(fmt::format("--resume: {}/sweep.json is another sweep than experiment {}'s with these options; "
+                                   "give --force to replace it",
+                                   out, name));
+  } else if (!e.force && (std::filesystem::exists(out + "/results.json", error) || has_runs)) {
+    throw UsageError(fmt::format("--out {}: holds an experiment's results already; give --force to replace them (or "
+                                 "--resume to go on with it)",
+                                 out));
+  }
   // Replaced: the old results go before the first run does, so that none outlives the runs it told of.
   for (const char* file : {"results.json", "table.md", "results.jsonl", "results.csv", "summary.md"})
     std::filesystem::remove(out + "/" + file, error);
-  std::filesystem::remove_all(out + "/results", error);
+  if (!e.resume) std::filesystem::remove_all(out + "/results", error);
   std::filesystem::create_directories(out + "/runs");
   std::filesystem::create_directories(out + "/results");
   nn::write_atomically(out + "/sweep.json", spec.dump(2) + "\n");  // the sweep it runs, for `qkv sweep` to run again

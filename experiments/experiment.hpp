@@ -33,6 +33,9 @@ struct ExperimentOptions {
   // Replace the results of an experiment already in `out`; without it, run_experiment refuses
   // such a folder (UsageError) before it trains anything.
   bool force = false;
+  // Go on with the experiment in `out` that stopped before it ended (its sweep.json the same
+  // sweep): the runs it finished stay, the others run. UsageError for another sweep's folder.
+  bool resume = false;
   std::size_t steps = 0;   // of every run; 0: the file's, or quick_steps with quick
   std::size_t jobs = 1;  // runs at once, each a process of one thread (sweep::run_runs)
 };

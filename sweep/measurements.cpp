@@ -13,6 +13,8 @@
 #include "qkv/analysis/ablate.hpp"
 #include "qkv/analysis/across_training.hpp"
 #include "qkv/analysis/alignment.hpp"
+#include "qkv/analysis/fourier.hpp"
+#include "qkv/analysis/history.hpp"
 #include "qkv/analysis/inspect.hpp"
 #include "qkv/analysis/logit_attribution.hpp"
 #include "qkv/analysis/path_patching.hpp"
@@ -20,6 +22,8 @@
 #include "qkv/core/random.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/transformer.hpp"
+#include "qkv/report/fourier.hpp"
+#include "qkv/tasks/builtin.hpp"
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
 #include "qkv/tasks/find_spec.hpp"
@@ -304,6 +308,41 @@ void formation_of(Json& run, const std::string& dir) {
   run["formation"] = std::move(out);
 }
 
+// Grokking's progress, from the run's log and the Fourier analysis of the checkpoints it kept
+// (analysis::grokking, as qkv inspect --fourier reads them): the steps of grokking, the final key
+// frequencies and the neurons they explain, the final losses, and at each kept step the losses,
+// the weight norm and the embedding's norm per frequency.
+void grokking_of(Json& run, const std::string& dir) {
+  const analysis::FourierRun f = training::fourier_run(dir);
+  const analysis::Grokking g = analysis::grokking(f, analysis::read_history(dir, training::read_config(dir).model).logged);
+  const auto value = [](const auto& v) { return v ? Json(*v) : Json(nullptr); };
+  const nlohmann::json final = report::to_json(f.final);
+  std::size_t explained = 0;
+  for (std::size_t k : f.final.key_frequencies) explained += f.final.neurons_per_frequency.at(k);
+  Json out = {{"train_99", value(g.train_99)},
+              {"test_99", value(g.test_99)},
+              {"restricted_step", value(g.restricted)},
+              {"excluded_step", value(g.excluded)},
+              {"weight_norm_peak", value(g.weight_norm_peak)},
+              {"weight_norm_fall", value(g.weight_norm_fall)},
+              {"key_frequencies", f.final.key_frequencies},
+              {"key_count", f.final.key_frequencies.size()},
+              {"key_neurons", double(explained) / double(std::max<std::size_t>(1, f.final.neurons.size()))}};
+  for (const char* key : {"train_loss", "test_loss", "restricted_loss", "excluded_loss", "weight_norm", "embed_key_share",
+                          "unembed_key_share"})
+    out[key] = Json::parse(final.at(key).dump());
+  Json along = Json::array();
+  for (std::size_t i = 0; i < f.steps.size(); ++i) {
+    const nlohmann::json a = report::to_json(f.along[i]);
+    Json point = {{"step", f.steps[i]}};
+    for (const char* key : {"train_loss", "test_loss", "restricted_loss", "excluded_loss", "weight_norm", "embed_key_share", "embed"})
+      point[key] = Json::parse(a.at(key).dump());
+    along.push_back(std::move(point));
+  }
+  out["along"] = std::move(along);
+  run["grokking"] = std::move(out);
+}
+
 // A column for each longer length range of any task.
 std::vector<tasks::Column> longer_columns() {
   std::vector<tasks::Column> columns;
@@ -393,6 +432,19 @@ const std::vector<Measurement>& measurement_registry() {
        .extras = {.at_init = {}, .at_end = {}, .seq2seq_at_end = {}, .of_folder = formation_of},
        .check = [](const tasks::TrainOptions& o) -> std::string {
          return o.keep_checkpoints.empty() ? "formation reads the checkpoints a run keeps: add \"keep-checkpoints\": \"log\" "
+                                             "to the sweep's options"
+                                           : "";
+       }},
+      {.name = "grokking",
+       .help = "after training a modadd run: the steps its training and held-out accuracy reached 99%, the key "
+               "frequencies and the steps of its progress measures (restricted and excluded loss, weight norm) from the "
+               "checkpoints it keeps, as qkv inspect --fourier reads them",
+       .columns = {{"grokking.test_99", "held-out 99% (step)", "{:.0f}"}, {"grokking.key_count", "key frequencies", "{:.0f}"}},
+       .extras = {.at_init = {}, .at_end = {}, .seq2seq_at_end = {}, .of_folder = grokking_of},
+       .check = [](const tasks::TrainOptions& o) -> std::string {
+         if (!dynamic_cast<const tasks::ModAddTask*>(tasks::make_task(o).get()))
+           return fmt::format("grokking reads a model of modular addition (modadd), not of {}", o.task);
+         return o.keep_checkpoints.empty() ? "grokking reads the checkpoints a run keeps: add \"keep-checkpoints\": \"log\" "
                                              "to the sweep's options"
                                            : "";
        }},

@@ -16,6 +16,8 @@
 //   alignment       at the end of a seq2seq run: its cross-attention against the task's true
 //                   alignment, and the exact match of greedy decoding
 //   longer_lengths  at the end: accuracy on the task's longer sequences than it trains on
+//   grokking        after a modadd run: the steps of grokking and its progress measures, from its log
+//                   and kept checkpoints (analysis::grokking)
 #include <functional>
 #include <string>
 #include <vector>

@@ -87,11 +87,11 @@ std::string run_id(const std::string& name, const std::string& task, const Json&
 }
 
 // What every run of a sweep records beyond the options it is given: a checkpoint at its end only
-// (unless the file sets checkpoint-every), ten lines of metrics, and the steps to the task's target
-// measured every 50 steps (25 in runs of 300 steps or fewer).
+// (unless the file sets checkpoint-every), ten lines of metrics (unless it sets log-every), and the
+// steps to the task's target measured every 50 steps (25 in runs of 300 steps or fewer).
 void apply_sweep_rules(TrainOptions& o, const Json& given) {
   if (!given.contains("checkpoint-every")) o.checkpoint_every = o.steps;
-  o.log_every = std::max<std::size_t>(1, o.steps / 10);
+  if (!given.contains("log-every")) o.log_every = std::max<std::size_t>(1, o.steps / 10);
   o.target = tasks::task_spec(o.task).target;
   o.target_every = o.steps <= 300 ? 25 : 50;
 }

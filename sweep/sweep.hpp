@@ -15,7 +15,8 @@
 // runs each of the three, labelled by its name. "measure" lists measurements of each run beside the
 // built-in ones (measurements.hpp), and "description" says what the sweep is for.
 //
-// Every run checkpoints at its end (unless "checkpoint-every" says otherwise), logs ten times, and
+// Every run checkpoints at its end (unless "checkpoint-every" says otherwise), logs ten times (unless
+// "log-every" does), and
 // measures its steps to the task's target every 50 steps (25 in runs of 300 steps or fewer).
 //
 // DIR holds sweep.json (the file last run there), a run folder a run (runs/ID/, as `qkv train

@@ -68,6 +68,8 @@ void add_experiment(CLI::App& app, Command& run) {
   add_jobs_option(*sub, a->jobs);
   sub->add_option("--out", e.out, "Folder for results.json, the chart and the runs");
   sub->add_flag("--force", e.force, "Replace the results of an experiment already in --out");
+  sub->add_flag("--resume", e.resume,
+                "Go on with the experiment in --out that stopped before it ended: its finished runs stay, the others run");
   sub->callback([&run, a] { run = [a] { return run_experiment(*a); }; });
 }
 

@@ -181,3 +181,33 @@ TEST_CASE("fourier_run analyses a modadd run and each checkpoint it kept, and re
   std::filesystem::remove_all(o.out);
   std::filesystem::remove_all(b.out);
 }
+
+TEST_CASE("grokking reads the steps of its log and of its progress measures, on series made by hand") {
+  analysis::FourierRun run;
+  run.steps = {0, 10, 100, 1000, 5000, 10000};
+  // restricted falls 4 → 0 (past half-way, 2, from 5000 on); excluded rises 0 → 10 (past 5 from 10000);
+  // the weight norm rises to its peak at 1000 and falls to 100 (past 550 from 5000 on).
+  const std::vector<double> restricted = {4, 4, 3.9, 2.5, 1.0, 0.01}, excluded = {0, 0.1, 0.1, 1, 4, 10},
+                            norm = {1000, 1100, 1500, 2000, 500, 100};
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    analysis::FourierAnalysis a;
+    a.restricted_loss = restricted[i], a.excluded_loss = excluded[i], a.weight_norm = norm[i];
+    run.along.push_back(a);
+  }
+  std::vector<analysis::TrainingHistory::Logged> log;
+  for (std::size_t step = 100; step <= 1000; step += 100) {
+    analysis::TrainingHistory::Logged line{.step = step, .loss = 1, .accuracy = step >= 300 ? 0.995 : 0.5};
+    line.test_accuracy = step >= 800 ? 0.991 : step == 500 ? 0.985 : 0.1;
+    log.push_back(line);
+  }
+  const analysis::Grokking g = analysis::grokking(run, log);
+  CHECK(g.train_99 == std::optional<std::size_t>(300));
+  CHECK(g.test_99 == std::optional<std::size_t>(800));
+  CHECK(g.restricted == std::optional<std::size_t>(5000));
+  CHECK(g.excluded == std::optional<std::size_t>(10000));
+  CHECK(g.weight_norm_peak == std::optional<std::size_t>(1000));
+  CHECK(g.weight_norm_fall == std::optional<std::size_t>(5000));
+  // A run that never gets there: none.
+  for (auto& line : log) line.test_accuracy = 0.5;
+  CHECK_FALSE(analysis::grokking(run, log).test_99);
+}

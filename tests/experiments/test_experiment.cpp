@@ -122,7 +122,8 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
   ExperimentOptions rerun = e;
   rerun.seeds = 1;
   CHECK_THAT(error_message<UsageError>([&] { run_experiment(rerun, progress, false); }),
-             Equals("--out " + e.out + ": holds an experiment's results already; give --force to replace them"));
+             Equals("--out " + e.out + ": holds an experiment's results already; give --force to replace them (or "
+                    "--resume to go on with it)"));
   CHECK(nn::read_file(e.out + "/results.json", 1 << 24) == results);
   std::filesystem::remove(e.out + "/results.json");  // a run that died before it wrote results: its runs count too
   CHECK_THROWS_AS(run_experiment(rerun, progress, false), UsageError);
@@ -130,6 +131,35 @@ TEST_CASE("experiment runner: the table, the JSON, ranges, and the same numbers 
   // The same seeds again: every number but the time is the same.
   ExperimentOptions again = tiny("causal", "b");
   const ExperimentResult b = run_experiment(again, progress, false);
+
+  // Stopped before it ended (a run's result lost, results.json not written): --resume runs that run
+  // alone and writes the same results; another sweep's folder, or --resume with --force, is refused.
+  {
+    std::vector<std::string> kept;
+    for (const auto& entry : std::filesystem::directory_iterator(again.out + "/results")) kept.push_back(entry.path().string());
+    std::sort(kept.begin(), kept.end());
+    REQUIRE(kept.size() == b.runs.size());
+    const std::string other = nn::read_file(kept[1], 1 << 24);
+    std::filesystem::remove(kept[0]);
+    std::filesystem::remove(again.out + "/results.json");
+    ExperimentOptions resumed = again;
+    resumed.resume = true;
+    std::ostringstream log;
+    const ExperimentResult c = run_experiment(resumed, log, false);
+    CHECK_THAT(log.str(), Contains("causal: 8 runs"));
+    CHECK(nn::read_file(kept[1], 1 << 24) == other);  // the finished run was not run again
+    REQUIRE(c.runs.size() == b.runs.size());
+    for (std::size_t i = 0; i < b.runs.size(); ++i) CHECK(c.runs[i].at("curve") == b.runs[i].at("curve"));
+    ExperimentOptions shorter = resumed;
+    shorter.steps = 3;
+    CHECK_THAT(error_message<UsageError>([&] { run_experiment(shorter, log, false); }),
+               Contains("/sweep.json is another sweep than experiment causal's with these options"));
+    resumed.force = true;
+    CHECK_THAT(error_message<UsageError>([&] { run_experiment(resumed, log, false); }), Contains("give one"));
+    ExperimentOptions empty = tiny("causal", "empty-resume");
+    empty.resume = true;
+    CHECK_THAT(error_message<UsageError>([&] { run_experiment(empty, log, false); }), Contains("holds no experiment to go on with"));
+  }
   again.force = true;  // replaces b's results with the same numbers
   const ExperimentResult replaced = run_experiment(again, progress, false);
   REQUIRE(replaced.runs.size() == b.runs.size());

@@ -9,6 +9,8 @@
 
 #include "qkv/analysis/ablate.hpp"
 #include "qkv/analysis/across_training.hpp"
+#include "qkv/analysis/fourier.hpp"
+#include "qkv/analysis/history.hpp"
 #include "qkv/analysis/inspect.hpp"
 #include "qkv/analysis/logit_attribution.hpp"
 #include "qkv/analysis/path_patching.hpp"
@@ -317,4 +319,41 @@ TEST_CASE("paths and formation: path patching, direct logit attribution and the 
   CHECK_THAT(measurement("formation").check(o), Catch::Contains("add \"keep-checkpoints\": \"log\""));
   CHECK_THAT(measurement("paths").check(tasks::default_options("brackets")),
              Catch::Contains("the brackets task has no corrupted input to patch from"));
+}
+
+TEST_CASE("grokking: the steps and progress measures of a modadd run as analysis::grokking and fourier_run give them") {
+  std::ostringstream quiet;
+  tasks::TrainOptions o = tasks::default_options("modadd", 13);
+  o.model.d_model = 16;
+  o.model.d_mlp = 32;
+  o.steps = 60;
+  o.log_every = 10;
+  o.keep_checkpoints = "log";
+  o.out = test::scratch("measure_grokking") + "/run";
+  CHECK(measurement("grokking").check(o).empty());
+  training::train(o, quiet, false);
+  nlohmann::ordered_json run;
+  measurement("grokking").extras.of_folder(run, o.out);
+  const analysis::FourierRun f = training::fourier_run(o.out);
+  const analysis::Grokking g =
+      analysis::grokking(f, analysis::read_history(o.out, training::read_config(o.out).model).logged);
+  const auto& out = run["grokking"];
+  const auto step = [](const std::optional<std::size_t>& s) { return s ? nlohmann::ordered_json(*s) : nlohmann::ordered_json(); };
+  CHECK(out["train_99"] == step(g.train_99));
+  CHECK(out["test_99"] == step(g.test_99));
+  CHECK(out["restricted_step"] == step(g.restricted));
+  CHECK(out["weight_norm_peak"] == step(g.weight_norm_peak));
+  CHECK(out["key_count"] == f.final.key_frequencies.size());
+  CHECK(out["test_loss"].get<double>() == f.final.test_loss);
+  REQUIRE(out["along"].size() == f.steps.size());
+  CHECK(out["along"].back()["step"] == 60);
+  CHECK(out["along"].back()["restricted_loss"].get<double>() == f.along.back().restricted_loss);
+  CHECK(out["along"][0]["embed"].size() == 7);  // frequencies 0-6 of Z_13
+  // The train accuracy logged: the window means of metrics.jsonl, which grokking reads.
+  CHECK(g.train_99.value_or(0) % 10 == 0);
+
+  o.keep_checkpoints = "";
+  CHECK_THAT(measurement("grokking").check(o), Catch::Contains("add \"keep-checkpoints\": \"log\""));
+  CHECK_THAT(measurement("grokking").check(tasks::default_options("brackets")),
+             Catch::Contains("grokking reads a model of modular addition (modadd), not of brackets"));
 }
