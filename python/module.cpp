@@ -40,6 +40,7 @@
 #include "qkv/report/alignment.hpp"
 #include "qkv/report/inspect.hpp"
 #include "qkv/report/across_training.hpp"
+#include "qkv/report/fourier.hpp"
 #include "qkv/report/logit_attribution.hpp"
 #include "qkv/report/path_patching.hpp"
 #include "qkv/report/patching.hpp"
@@ -977,6 +978,13 @@ PYBIND11_MODULE(_qkv, m) {
       "`qkv inspect DIR --across-training --json`: every checkpoint the run kept (train(keep_checkpoints=\"log\")) "
       "measured: held-out loss, in-context score, each head's σ, detectors, prefix matching, patching and direct logit "
       "attribution, composition, and the step where each formed");
+  m.def(
+      "fourier",
+      [](const std::string& dir) { return python_of(report::to_json(training::fourier_run(dir))); },
+      py::arg("dir"),
+      "`qkv inspect DIR --fourier --json`: a modadd run in the Fourier basis of Z_p (key frequencies, embedding and "
+      "unembedding norms per frequency, neurons, heads, restricted and excluded losses, weight norm), for its final "
+      "model and every checkpoint it kept");
   m.def(
       "logit_attribution",
       [](const std::string& dir, std::size_t n, std::uint64_t seed) {

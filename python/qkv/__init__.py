@@ -11,12 +11,12 @@ in (a hook's replacement) as the same tensor, without a copy. Errors are ValueEr
 arguments and options, OSError for run folders and files, each with the library's message.
 """
 from ._qkv import (EncoderDecoder, Hook, Task, Transformer, __version__, ablate, across_training, antisymmetry,
-                   composition_score, detect_heads, evaluate, inspect, load_run, logit_attribution, ov_circuit,
+                   composition_score, detect_heads, evaluate, fourier, inspect, load_run, logit_attribution, ov_circuit,
                    patch, path_patch, position_table, qk_circuit, register_task, report_html, score_asymmetry,
                    spectrum, sweep, sweep_results, symmetric_share, task, tasks, token_table, train)
 
 __all__ = ["EncoderDecoder", "Hook", "Task", "Transformer", "__version__", "ablate", "across_training",
-           "antisymmetry", "composition_score", "detect_heads", "evaluate", "inspect", "load_run",
+           "antisymmetry", "composition_score", "detect_heads", "evaluate", "fourier", "inspect", "load_run",
            "logit_attribution", "ov_circuit", "patch", "path_patch", "position_table", "qk_circuit", "register_task",
            "report_html", "score_asymmetry", "spectrum", "sweep", "sweep_results", "symmetric_share", "task",
            "tasks", "to_torch", "token_table", "train"]

@@ -1,6 +1,8 @@
 """modadd from Python: the paper's model (no LayerNorm, ReLU MLP, no attention biases) against a forward
 written here in numpy from its state_dict, and the held-out metrics training logs."""
 import json
+import os
+import subprocess
 
 import numpy as np
 
@@ -31,7 +33,8 @@ def numpy_forward(state, tokens, heads):
 
 def test_modadd_logits_are_a_numpy_forward_of_its_weights(tmp_path):
     out = tmp_path / "modadd"
-    result = qkv.train("modadd", out=str(out), p=13, steps=30, d_model=16, heads=2, d_mlp=32, log_every=10)
+    result = qkv.train("modadd", out=str(out), p=13, steps=30, d_model=16, heads=2, d_mlp=32, log_every=10,
+                       keep_checkpoints="every:10")
     assert result["task"] == "modadd" and result["steps"] == 30
     model = qkv.load_run(str(out))
     state = model.state_dict()
@@ -51,3 +54,19 @@ def test_modadd_logits_are_a_numpy_forward_of_its_weights(tmp_path):
     right = (expected[:, -1].argmax(-1) == (tokens[:, 0] + tokens[:, 1]) % 13).sum()
     counted = round(evaluated["train"]["accuracy"] * 50) + round(evaluated["accuracy"] * 119)
     assert abs(counted - right) <= 1  # float32 against float64: a near tie may go the other way
+
+    # The Fourier analysis is the program's: the same JSON, and its embedding norms are those of the
+    # weights in numpy's own Fourier basis.
+    fourier = qkv.fourier(str(out))
+    done = subprocess.run([os.environ.get("QKV_PROGRAM", "qkv"), "inspect", str(out), "--fourier", "--json"],
+                          capture_output=True, text=True, check=True)
+    program = json.loads(done.stdout)
+    assert fourier == program
+    assert [row["step"] for row in fourier["along"]] == [0, 10, 20, 30]
+    x = np.arange(13)
+    W = np.asarray(state["tok.weight"], dtype=np.float64)[:13]
+    for k in (1, 4):
+        c, s_ = np.cos(2 * np.pi * k * x / 13), np.sin(2 * np.pi * k * x / 13)
+        norm = np.sqrt(((c / np.linalg.norm(c)) @ W) @ ((c / np.linalg.norm(c)) @ W)
+                       + ((s_ / np.linalg.norm(s_)) @ W) @ ((s_ / np.linalg.norm(s_)) @ W))
+        assert abs(fourier["final"]["embed"][k] - norm) < 1e-5 * norm
