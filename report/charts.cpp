@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -131,8 +132,18 @@ std::string curves_chart(const std::string& name, const Json& runs, const std::s
                      lines, true);
 }
 
-std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines,
-                        bool shared_axis) {
+std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& given,
+                        bool shared_axis, bool log_values) {
+  // On a log axis a line runs through its values' logarithms (their geometric mean), those not
+  // above 0 left out.
+  std::vector<ChartLine> logs;
+  if (log_values)
+    for (ChartLine line : given) {
+      for (auto& [step, values] : line.values)
+        for (double& v : values) v = v > 0 ? std::log10(v) : std::numeric_limits<double>::quiet_NaN();
+      logs.push_back(std::move(line));
+    }
+  const std::vector<ChartLine>& lines = log_values ? logs : given;
   std::vector<std::string> panels, series;
   std::vector<bool> grey;                          // per series
   std::vector<double> top_value, bottom_value;     // per panel: the largest value (or 0), the smallest (or 0)
@@ -140,8 +151,11 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   std::size_t last_step = 1;
   for (const ChartLine& line : lines) {
     const std::size_t panel = std::size_t(std::find(panels.begin(), panels.end(), line.panel) - panels.begin());
-    if (panel == panels.size())
-      panels.push_back(line.panel), top_value.push_back(0), bottom_value.push_back(0), drawn.emplace_back();
+    if (panel == panels.size()) {
+      const double none = std::numeric_limits<double>::infinity();  // a log axis need not hold 1
+      panels.push_back(line.panel), top_value.push_back(log_values ? -none : 0), bottom_value.push_back(log_values ? none : 0);
+      drawn.emplace_back();
+    }
     double &top = top_value[panel], &bottom = bottom_value[panel];
     for (const auto& [step, values] : line.values)
       for (double v : values)
@@ -154,8 +168,15 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   const auto colour_of = [&](std::size_t c) { return grey[c] ? "#aaa" : palette[c % std::size(palette)]; };
   // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2; a loss) up to the next half;
   // below 0 (a share that goes the other way), down to the next half below.
-  const auto axis_top = [](double top) { return top <= 1 ? 1.0 : std::ceil(top * 2) / 2; };
-  const auto axis_bottom = [](double bottom) { return bottom >= 0 ? 0.0 : std::floor(bottom * 2) / 2; };
+  // On a log axis, whole decades around the values.
+  const auto axis_top = [&](double top) {
+    if (log_values) return std::isfinite(top) ? std::ceil(top) : 1.0;
+    return top <= 1 ? 1.0 : std::ceil(top * 2) / 2;
+  };
+  const auto axis_bottom = [&](double bottom, double top) {
+    if (log_values) return std::isfinite(bottom) ? std::min(std::floor(bottom), axis_top(top) - 1) : 0.0;
+    return bottom >= 0 ? 0.0 : std::floor(bottom * 2) / 2;
+  };
   if (shared_axis) {
     std::fill(top_value.begin(), top_value.end(), *std::max_element(top_value.begin(), top_value.end()));
     std::fill(bottom_value.begin(), bottom_value.end(), *std::min_element(bottom_value.begin(), bottom_value.end()));
@@ -196,16 +217,18 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   for (std::size_t p = 0; p < panels.size(); ++p) {
     const double x0 = double(p % columns) * panel_w + left, y0 = row_top[p / columns] + above;
     const auto x = [&](std::size_t step) { return x0 + plot_w * std::log10(double(step) + 1) / x_max; };
-    const double y_max = axis_top(top_value[p]), y_min = axis_bottom(bottom_value[p]);
+    const double y_max = axis_top(top_value[p]), y_min = axis_bottom(bottom_value[p], top_value[p]);
     const auto y = [&](double v) { return y0 + plot_h * (1 - std::clamp((v - y_min) / (y_max - y_min), 0.0, 1.0)); };
     if (!panels[p].empty())
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-weight=\"bold\">{}</text>\n", x0, y0 - 8, escape_xml(panels[p]));
     s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#999\"/>\n", x0,
                      y0, plot_w, plot_h);
-    for (int i = 0; i <= 4; ++i) {
-      const double v = y_min + (y_max - y_min) * i / 4;
+    // Five lines; on a log axis one a decade, or every second or third of many.
+    const double decades = y_max - y_min, every = log_values ? std::max(1.0, std::ceil(decades / 6)) : decades / 4;
+    for (double v = y_min; v <= y_max + 1e-9; v += every) {
+      const std::string label = log_values ? (v == 0 ? std::string("1") : fmt::format("1e{:.0f}", v)) : fmt::format("{:.3g}", v);
       s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#eee\"/>\n", x0, x0 + plot_w, y(v));
-      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#555\">{:.3g}</text>\n", x0 - 4, y(v) + 4, v);
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#555\">{}</text>\n", x0 - 4, y(v) + 4, label);
     }
     std::vector<std::size_t> ticks = {0};
     for (std::size_t t = 10; t <= last_step; t *= 10) {

@@ -8,6 +8,7 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
+#include "qkv/report/charts.hpp"
 #include "qkv/report/heatmap.hpp"
 #include "qkv/report/patching.hpp"
 
@@ -114,6 +115,39 @@ void print_fourier(std::ostream& out, const analysis::FourierRun& r) {
                a.restricted_loss, a.excluded_loss, percent(key_share(a.embed, f.key_frequencies)), a.weight_norm);
   }
   fmt::print(out, "key norm²: the share of the embedding's norm² (frequencies 1-{}) in the key frequencies\n", f.p / 2);
+}
+
+std::vector<std::pair<std::string, std::string>> fourier_charts(const analysis::FourierRun& r) {
+  if (r.steps.empty()) return {};
+  std::vector<ChartLine> loss, progress, norm, keys;
+  const auto line = [](std::vector<ChartLine>& lines, const std::string& panel, const std::string& series) -> ChartLine& {
+    auto it = std::find_if(lines.begin(), lines.end(), [&](const ChartLine& l) { return l.panel == panel && l.series == series; });
+    return it == lines.end() ? lines.emplace_back(ChartLine{.panel = panel, .series = series}) : *it;
+  };
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    const analysis::FourierAnalysis& a = r.along[i];
+    const std::size_t step = r.steps[i];
+    line(loss, "", "training").values[step].push_back(a.train_loss);
+    line(loss, "", "held out").values[step].push_back(a.test_loss);
+    line(progress, "loss", "held out").values[step].push_back(a.test_loss);
+    line(progress, "loss", "restricted (all pairs)").values[step].push_back(a.restricted_loss);
+    line(progress, "loss", "excluded (training pairs)").values[step].push_back(a.excluded_loss);
+    line(norm, "weight norm²", "weight norm²").values[step].push_back(a.weight_norm);
+    for (std::size_t k : r.final.key_frequencies)
+      line(keys, "embedding norm", fmt::format("frequency {}", k)).values[step].push_back(a.embed.at(k));
+    line(keys, "key frequencies' share of the norm²", "share").values[step].push_back(key_share(a.embed, r.final.key_frequencies));
+  }
+  const std::string subtitle = fmt::format("{}: p = {}, the checkpoints kept; key frequencies {}", r.dir, r.final.p,
+                                           r.final.key_frequencies.empty() ? std::string("none")
+                                                                           : fmt::format("{}", fmt::join(r.final.key_frequencies, ", ")));
+  std::vector<std::pair<std::string, std::string>> charts;
+  charts.emplace_back("fourier-loss", steps_chart("training and held-out loss", subtitle, loss, true, true));
+  charts.emplace_back("fourier-progress", steps_chart("progress measures: restricted and excluded loss", subtitle, progress,
+                                                      true, true));
+  charts.emplace_back("fourier-weight-norm", steps_chart("weight norm", subtitle, norm, false));
+  if (!r.final.key_frequencies.empty())
+    charts.emplace_back("fourier-key-norms", steps_chart("the key frequencies in the embedding", subtitle, keys, false));
+  return charts;
 }
 
 }  // namespace qkv::report

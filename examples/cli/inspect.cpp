@@ -33,8 +33,12 @@ int fourier(const InspectArgs& a) {
   } catch (const std::invalid_argument& e) {
     usage("--fourier", "{}", e.what());
   }
+  if (!a.svg.empty()) {
+    const auto files = report::write_svg_files(a.svg, report::fourier_charts(r));
+    fmt::print(stderr, "qkv inspect: wrote {} SVG files to {}\n", files.size(), a.svg);
+  }
   if (a.json) fmt::print("{}\n", report::to_json(r).dump());
-  else report::print_fourier(std::cout, r);
+  else if (a.svg.empty()) report::print_fourier(std::cout, r);
   return 0;
 }
 

@@ -174,6 +174,13 @@ TEST_CASE("fourier_run analyses a modadd run and each checkpoint it kept, and re
   std::ostringstream text;
   report::print_fourier(text, r);
   CHECK_THAT(text.str(), Contains("modular addition, p = 11"));
+  const auto charts = report::fourier_charts(r);
+  REQUIRE(charts.size() >= 3);
+  CHECK(charts[0].first == "fourier-loss");
+  CHECK(charts[1].first == "fourier-progress");
+  CHECK(charts[2].first == "fourier-weight-norm");
+  CHECK_THAT(charts[1].second, Contains("restricted (all pairs)") && Contains("excluded (training pairs)"));
+  CHECK(charts.size() == (r.final.key_frequencies.empty() ? 3u : 4u));
 
   tasks::TrainOptions b = short_run("brackets", "fourier_brackets", 5);
   training::train(b, progress, false);

@@ -583,6 +583,31 @@ PY
     run "$qkv" inspect run --across-training --input "1 2 3"
     expect 2 "--input excludes --across-training"
     ;;
+  fourier)  # a modadd run in the Fourier basis: text, JSON, the paper's charts, and another task's run refused
+    "$qkv" train modadd --p 11 --d-model 16 --d-mlp 32 --steps 40 --log-every 10 --keep-checkpoints every:20 --out run \
+      >/dev/null 2>&1 || fail "the modadd run did not train"
+    grep -q '"test_accuracy"' run/metrics.jsonl || fail "no held-out accuracy in metrics.jsonl"
+    "$qkv" inspect run --fourier >text.txt || fail "inspect --fourier"
+    grep -q "modular addition, p = 11" text.txt && grep -q "along training" text.txt || fail "not the analysis: $(cat text.txt)"
+    "$qkv" inspect run --fourier --json >out.json || fail "inspect --fourier --json"
+    python3 - "$(cat out.json)" <<'PY' || fail "the JSON is not the analysis"
+import json, sys
+a = json.loads(sys.argv[1])
+assert [row["step"] for row in a["along"]] == [0, 20, 40], a["along"]
+assert len(a["final"]["embed"]) == 6 and a["final"]["p"] == 11
+assert a["along"][-1]["restricted_loss"] == a["final"]["restricted_loss"]
+PY
+    "$qkv" inspect run --fourier --svg pictures 2>/dev/null || fail "inspect --fourier --svg"
+    for chart in fourier-loss fourier-progress fourier-weight-norm; do
+      [ -s "pictures/$chart.svg" ] || fail "no $chart.svg: $(ls pictures)"
+    done
+    grep -q ">1e-" pictures/fourier-loss.svg || grep -q ">1e0<\|>1<" pictures/fourier-loss.svg || fail "no log axis"
+    small_run other
+    run "$qkv" inspect other --fourier
+    expect 2 "--fourier: other: a brackets run: the Fourier analysis reads a model of modular addition (the modadd task)"
+    run "$qkv" inspect run --fourier --across-training
+    expect 2 "--across-training excludes --fourier"
+    ;;
   *)
     fail "no scenario '$scenario'"
     ;;

@@ -492,6 +492,23 @@ TEST_CASE("steps chart: a value below 0 is drawn below the 0 line, inside its pa
   CHECK_THAT(svg, Contains(">-1</text>") && Contains(">-0.5</text>") && Contains(">0</text>") && Contains(">1</text>"));
 }
 
+TEST_CASE("steps chart on a log axis: whole decades around the values, each drawn at its logarithm, 0 left out") {
+  // Losses from 0.002 to 30 (and a 0, which no log axis holds): the axis runs 1e-3 to 1e2.
+  const std::vector<ChartLine> lines = {
+      {.panel = "loss", .series = "held out", .values = {{0, {30}}, {10, {0.002}}, {100, {0}}, {1000, {1}}}}};
+  const std::string svg = steps_chart("t", "s", lines, false, true);
+  std::smatch m;
+  REQUIRE(std::regex_search(svg, m, std::regex(R"re(<rect x="([0-9.]+)" y="([0-9.]+)" width="([0-9.]+)" height="([0-9.]+)" fill="none")re")));
+  const double top = std::stod(m[2]), height = std::stod(m[4]);
+  REQUIRE(std::regex_search(svg, m, std::regex(R"re(<polyline points="[0-9.]+,([0-9.]+) [0-9.]+,([0-9.]+) [0-9.]+,([0-9.]+) ")re")));
+  // y of v: top + height · (2 − log10 v) / 5; the 0 at step 100 is not a point of the line.
+  CHECK(std::stod(m[1]) == Approx(top + height * (2 - std::log10(30.0)) / 5).margin(0.1));
+  CHECK(std::stod(m[2]) == Approx(top + height * (2 - std::log10(0.002)) / 5).margin(0.1));
+  CHECK(std::stod(m[3]) == Approx(top + height * 2 / 5).margin(0.1));
+  CHECK_THAT(svg, Contains(">1e-3</text>") && Contains(">1</text>") && Contains(">1e2</text>"));
+  CHECK_THAT(svg, !Contains(">1e3</text>") && !Contains(">1e-4</text>"));
+}
+
 TEST_CASE("the docs' experiment tables and charts are those of the committed results") {
   // docs/experiments/NAME/results.json holds every run of a full run; table.md beside it and the
   // table in docs/experiments.md must be what the runner makes of those runs.
