@@ -128,7 +128,7 @@ FourierAnalysis fourier_analysis(nn::Transformer& model, const tasks::ModAddTask
          "p = {}: {} tokens, at least {} classes, 3 positions, the token readout",
          c.vocab_size, c.n_classes, c.max_len, nn::name_of(c.readout), p, p + 1, p);
   if (!(o.threshold > 0 && o.threshold <= 1)) fail("fourier_analysis", "threshold is {}: it must be in (0, 1]", o.threshold);
-  for (std::size_t k : o.key_frequencies)
+  for (std::size_t k : o.key_frequencies.value_or(std::vector<std::size_t>{}))
     if (k == 0 || k >= frequency_count(p))
       fail("fourier_analysis", "key frequency {}: the frequencies of Z_{} are 1 to {}", k, p, p / 2);
   FourierAnalysis r;
@@ -158,9 +158,10 @@ FourierAnalysis fourier_analysis(nn::Transformer& model, const tasks::ModAddTask
     r.neurons_per_frequency.assign(frequency_count(p), 0);
     for (const FrequencyShare& n : r.neurons)
       if (n.share >= o.threshold) ++r.neurons_per_frequency[n.frequency];
-    const double least = std::max(1.0, o.min_neurons * double(r.neurons.size()));
-    for (std::size_t k = 1; k < frequency_count(p); ++k)
-      if (double(r.neurons_per_frequency[k]) >= least) r.found.push_back(k);
+    for (const FrequencyShare& n : r.neurons)
+      if (n.share > 0) r.found.push_back(n.frequency);
+    std::sort(r.found.begin(), r.found.end());
+    r.found.erase(std::unique(r.found.begin(), r.found.end()), r.found.end());
   }
   for (std::size_t l = 0; l < L; ++l) {
     const Array<double> pattern = f64(cache[points[l]]);  // (p², H, 3, 3): from "=" (query 2) to a (key 0)
@@ -168,11 +169,13 @@ FourierAnalysis fourier_analysis(nn::Transformer& model, const tasks::ModAddTask
     to_a.reshape({p, p, pattern.shape()[1]});
     r.heads.push_back(best_frequencies(to_a));
   }
-  r.key_frequencies = o.key_frequencies.empty() ? r.found : o.key_frequencies;
+  r.key_frequencies = o.key_frequencies.value_or(r.found);
   std::sort(r.key_frequencies.begin(), r.key_frequencies.end());
   r.key_frequencies.erase(std::unique(r.key_frequencies.begin(), r.key_frequencies.end()), r.key_frequencies.end());
 
-  const Array<double> logits = xt::view(f64(cache.output.logits), xt::all(), 2, xt::all());  // (p², C)
+  // The logits of the p answers at "=", (p², p).
+  const Array<double> logits = f64(reshape(slice(slice(cache.output.logits, 1, 2, 3), 2, 0, std::int64_t(p)),
+                                           {std::int64_t(p * p), std::int64_t(p)}));
   const tasks::Split& split = *task.split();
   const std::vector<std::size_t> train = pair_rows(split.train, p), test = pair_rows(split.test, p);
   std::vector<std::size_t> all(p * p);

@@ -13,14 +13,17 @@
 //                        basis: the frequency whose terms (those of rows {0, cos k, sin k} in a
 //                        and in b, the constant's alone left out) hold most of its variance, and
 //                        that share
-//   key frequencies      the frequencies that hold at least `threshold` (0.85) of the variance of
-//                        at least `min_neurons` neurons (1% of them)
+//   key frequencies      as the paper finds them: the frequencies some neuron's variance is most in
+//                        (its best frequency; neurons with no variance aside); and how many
+//                        neurons each one explains to at least `threshold` (0.85) of their variance
 //   heads                each head's attention from "=" to a, over all p² inputs: the same
 //   restricted loss      the loss on all p² pairs of the logits kept along the directions
 //                        cos(ω_k(a + b)) and sin(ω_k(a + b)) over the inputs, for the key k, and
-//                        their mean: what the key frequencies alone compute
+//                        their mean over the inputs: what the key frequencies alone compute
 //   excluded loss        the loss on the training pairs of the logits with those directions taken
 //                        out: what the model does without them
+// The losses here read the logits of the p answers (not of "=", which no example has as its
+// answer), as the paper's analysis does; training's loss reads all of the readout's classes.
 //   weight norm          the sum of the squares of every parameter, which weight decay shrinks
 #include <cstdint>
 #include <optional>
@@ -52,11 +55,10 @@ struct FrequencyShare {
 std::vector<FrequencyShare> best_frequencies(const Array<double>& functions);
 
 struct FourierOptions {
-  double threshold = 0.85;   // the share of a neuron's variance one frequency holds
-  double min_neurons = 0.01;  // the share of the neurons a key frequency explains so, at least 1
+  double threshold = 0.85;  // the share of a neuron's variance one frequency holds, to count it
   // The key frequencies to restrict to and exclude, rather than those found (to follow a run's final
-  // ones along training); empty: those found.
-  std::vector<std::size_t> key_frequencies{};
+  // ones along training; none at all: an empty list); unset: those found.
+  std::optional<std::vector<std::size_t>> key_frequencies{};
 };
 
 struct FourierAnalysis {
@@ -64,7 +66,7 @@ struct FourierAnalysis {
   std::vector<double> embed, unembed;        // norm per frequency 0 … ⌊p/2⌋
   std::vector<FrequencyShare> neurons;       // the last layer's MLP neurons (none without the MLP)
   std::vector<std::size_t> neurons_per_frequency;  // neurons with share ≥ threshold, per frequency
-  std::vector<std::size_t> found;            // key frequencies found, ascending
+  std::vector<std::size_t> found;            // key frequencies found (the neurons' best), ascending
   std::vector<std::size_t> key_frequencies;  // those restricted to and excluded (found, or given)
   std::vector<std::vector<FrequencyShare>> heads;  // [layer][head]: attention from "=" to a
   double train_loss = 0, test_loss = 0, train_accuracy = 0, test_accuracy = 0;

@@ -224,8 +224,8 @@ ExperimentResult run_experiment(const ExperimentOptions& e, std::ostream& progre
   try {
     sweep::run_workers(plan, {.out = out, .jobs = e.jobs, .stop_on_failure = true, .show_training = tty}, progress);
   } catch (const Interrupted& stopped) {
-    throw Interrupted(stopped.signal, fmt::format("interrupted: the experiment in {} wrote no results; run it again with "
-                                                  "--force",
+    throw Interrupted(stopped.signal, fmt::format("interrupted: the experiment in {} wrote no results; go on with it "
+                                                  "with --resume (its finished runs stay), or run it again with --force",
                                                   out));
   }
 

@@ -84,12 +84,12 @@ void print_fourier(std::ostream& out, const analysis::FourierRun& r) {
   std::size_t explained = 0;
   for (std::size_t k = 1; k < f.neurons_per_frequency.size(); ++k) explained += f.neurons_per_frequency[k];
   if (!f.neurons.empty()) {
-    fmt::print(out, "key frequencies: {} (each holds at least 85% of the variance of at least 1% of the neurons)\n",
+    fmt::print(out, "key frequencies: {} (the MLP neurons' best frequencies)\n",
                f.found.empty() ? std::string("none") : fmt::format("{}", fmt::join(f.found, ", ")));
     std::vector<std::string> counts;
     for (std::size_t k : f.found) counts.push_back(fmt::format("{}: {}", k, f.neurons_per_frequency[k]));
-    fmt::print(out, "MLP neurons explained by one frequency: {} of {}{}\n", explained, f.neurons.size(),
-               counts.empty() ? std::string() : fmt::format(" ({})", fmt::join(counts, ", ")));
+    fmt::print(out, "MLP neurons with at least 85% of their variance in one frequency: {} of {}{}\n", explained,
+               f.neurons.size(), counts.empty() ? std::string() : fmt::format(" ({})", fmt::join(counts, ", ")));
   }
   fmt::print(out, "embedding, largest norms by frequency: {}; key frequencies hold {} of its norm²\n", largest(f.embed, 8),
              percent(key_share(f.embed, f.key_frequencies)));

@@ -247,8 +247,10 @@ analysis::Ablation ablate_run(const std::string& dir, std::size_t n, std::uint64
   const RunInfo run = open_run(dir);
   const TrainOptions& o = options_of(run, "an ablation");
   const DecoderRun r = decoder_run(run, "ablation");
+  // A full-batch run (batch 0) is ablated in batches of 256 of its held-out rows.
+  const std::size_t batch = o.batch ? o.batch : 256;
   analysis::Ablation a =
-      analysis::ablate(*r.model, *run.task, task_spec(o.task).corruption, (n + o.batch - 1) / o.batch, o.batch, seed, o.mask_padding);
+      analysis::ablate(*r.model, *run.task, task_spec(o.task).corruption, (n + batch - 1) / batch, batch, seed, o.mask_padding);
   a.dir = dir;
   return a;
 }
@@ -327,7 +329,7 @@ analysis::FourierRun fourier_run(const std::string& dir, const analysis::Fourier
   const auto model = load_model(dir);
   analysis::FourierRun r{.dir = dir, .final = analysis::fourier_analysis(*model, *modadd, options), .steps = {}, .along = {}};
   analysis::FourierOptions along = options;
-  along.key_frequencies = r.final.key_frequencies;
+  along.key_frequencies = r.final.key_frequencies;  // the final ones, even none
   for (const auto& [step, path] : kept_checkpoints(dir)) {
     nn::load_weights(nn::load_safetensors(path), path, *model);
     r.steps.push_back(step);

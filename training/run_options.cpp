@@ -122,7 +122,7 @@ const std::vector<RunOption>& run_option_table() {
              "untied, tied (k = q: scores a Gram matrix) or symmetric (k = q ⊙ s: symmetric, indefinite)"),
       choice("proj", nn::names_of(nn::all_projections), "learned, frozen, identity (no W_q, W_k, W_v) or identity-qk (W_q = W_k = I, W_v learned)"),
       flag("no-scale", "Scores without the 1/sqrt(d_head) factor"),
-      flag("mlp", "A LayerNorm + MLP (d_model -> 4 d_model -> d_model, GELU) after each attention"),
+      flag("mlp", "A LayerNorm + MLP (d_model -> 4 d_model -> d_model, GELU; --d-mlp, --activation) after each attention"),
       count("d-mlp", 1, max_width, "The MLP's hidden width (default 4 d_model)"),
       choice("activation", nn::names_of(nn::all_activations), "The MLP's activation: gelu (default) or relu"),
       flag("no-layer-norm", "No LayerNorm before the attention, the MLP or the readout"),
@@ -230,6 +230,8 @@ TrainOptions run_options(const std::string& task, const nlohmann::json& given) {
   } catch (const std::invalid_argument& e) {
     throw RunOptionError(size, e.what());
   }
+  if (has("p") && !tasks::task_spec(task).make_dataset)
+    throw RunOptionError("p", fmt::format("is modadd's modulus; the {} task's size is --n", task));
   set("steps", o.steps);
   set("layers", o.model.layers);
   if (o.encoder_layers) set(has("encoder-layers") ? "encoder-layers" : "layers", o.encoder_layers);

@@ -216,7 +216,12 @@ def to_torch(model):
     """A torch.nn.Module of a qkv Transformer or EncoderDecoder, holding copies of its parameters
     (as qkv names them) in their dtype; its logits equal qkv's within float32 rounding."""
     if isinstance(model, _qkv.Transformer):
-        module = Transformer(model.cfg)
+        cfg = model.cfg
+        for field, usual in (("d_mlp", 0), ("activation", "gelu"), ("layer_norm", True), ("attention_bias", True)):
+            if cfg.get(field, usual) != usual:
+                raise ValueError(f"to_torch: the model's {field} is {cfg[field]!r}; the PyTorch module is built for "
+                                 f"{field} {usual!r} only")
+        module = Transformer(cfg)
     elif isinstance(model, _qkv.EncoderDecoder):
         module = EncoderDecoder(model.cfg)
     else:

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <set>
 
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xmath.hpp>
@@ -87,9 +88,18 @@ TEST_CASE("a modadd model's norms by frequency, restricted and excluded losses e
 
   std::vector<std::size_t> all_keys;
   for (std::size_t k = 1; k <= p / 2; ++k) all_keys.push_back(k);
-  // More neurons than there are: no frequency is key.
-  const analysis::FourierAnalysis none = analysis::fourier_analysis(model, modadd, {.min_neurons = 2.0});
+  // No key frequency, given: restricted to the mean alone, nothing excluded.
+  const analysis::FourierAnalysis none =
+      analysis::fourier_analysis(model, modadd, {.key_frequencies = std::vector<std::size_t>{}});
   CHECK(none.key_frequencies.empty());
+  // Found, as the paper finds them: each neuron's best frequency, once.
+  const analysis::FourierAnalysis found = analysis::fourier_analysis(model, modadd);
+  std::set<std::size_t> best;
+  for (const analysis::FrequencyShare& n : found.neurons)
+    if (n.share > 0) best.insert(n.frequency);
+  CHECK(found.key_frequencies == std::vector<std::size_t>(best.begin(), best.end()));
+  CHECK(found.found == found.key_frequencies);
+  CHECK_FALSE(found.found.empty());
   const analysis::FourierAnalysis every = analysis::fourier_analysis(model, modadd, {.key_frequencies = all_keys});
   CHECK(every.key_frequencies == all_keys);
   CHECK(every.neurons.size() == 16);
@@ -100,7 +110,7 @@ TEST_CASE("a modadd model's norms by frequency, restricted and excluded losses e
   IndexArray tokens = tasks::filled(p * p, 3, std::int64_t(p));
   for (std::size_t i = 0; i < p * p; ++i) tokens(i, 0) = std::int64_t(i / p), tokens(i, 1) = std::int64_t(i % p);
   const Array<double> out = model.forward(tokens).logits.value<double>();
-  const Array<double> logits = xt::view(out, xt::all(), 2, xt::all());
+  const Array<double> logits = xt::view(out, xt::all(), 2, xt::range(0, p));  // the answers' logits, not "="'s
   std::vector<std::size_t> all(p * p), train;
   for (std::size_t i = 0; i < p * p; ++i) all[i] = i;
   for (std::size_t i = 0; i < modadd.split()->train.tokens.shape()[0]; ++i)
@@ -145,7 +155,7 @@ TEST_CASE("a modadd model's norms by frequency, restricted and excluded losses e
   for (const Tensor& t : model.parameters()) squares += xt::sum(xt::square(t.value<double>()))();
   CHECK(every.weight_norm == Approx(squares).epsilon(1e-12));
 
-  CHECK_THROWS_WITH(analysis::fourier_analysis(model, modadd, {.key_frequencies = {4}}),
+  CHECK_THROWS_WITH(analysis::fourier_analysis(model, modadd, {.key_frequencies = std::vector<std::size_t>{4}}),
                     "fourier_analysis: key frequency 4: the frequencies of Z_7 are 1 to 3");
   o.model.vocab_size = o.model.n_classes = 9;
   nn::Transformer other(o.model, gen);

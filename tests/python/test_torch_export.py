@@ -128,3 +128,11 @@ def test_a_source_all_padding_gives_zeros_and_finite_gradients_in_both(tmp_path)
     agree(model(source, tokens, padding), out)
     out.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("field, value", [("activation", "relu"), ("d_mlp", 24), ("layer_norm", False),
+                                          ("attention_bias", False)])
+def test_options_the_module_does_not_build_are_refused_by_name(field, value):
+    model = qkv.Transformer(dict(BASE, mlp=True, **{field: value}), seed=3)
+    with pytest.raises(ValueError, match=f"to_torch: the model's {field} is"):
+        qkv.to_torch(model)

@@ -138,6 +138,7 @@ TEST_CASE("modadd reads and writes its text, and refuses a share that leaves a s
   CHECK(o.weight_decay == 0);
   CHECK(o.beta2 == 0.98);
   CHECK_THROWS_WITH(training::run_options("modadd", {{"p", 59}, {"n", 59}}), "is the task's size, as --n: give one of them");
+  CHECK_THROWS_WITH(training::run_options("cycle", {{"p", 5}}), "is modadd's modulus; the cycle task's size is --n");
 }
 
 TEST_CASE("a batch scored at its last position alone runs forward_last: the same loss and predictions") {
@@ -188,7 +189,7 @@ TEST_CASE("modadd trains full batch with AdamW, logs held-out loss and accuracy,
   CHECK(evaluated.at("train").at("sequences") == 158);
   CHECK(lines.back().at("test_accuracy").get<double>() == evaluated.at("accuracy").get<double>());
   CHECK(lines.back().at("test_loss").get<double>() == Approx(evaluated.at("loss").get<double>()).epsilon(1e-6));
-  CHECK(lines.front().at("test_loss").get<double>() > lines.back().at("test_loss").get<double>() - 100);  // finite
+  for (const nlohmann::json& line : lines) CHECK(std::isfinite(line.at("test_loss").get<double>()));
   const nlohmann::json config = nlohmann::json::parse(nn::read_file(o.out + "/config.json", 1 << 20));
   CHECK(config.at("beta2") == 0.98);
   CHECK(config.at("weight_decay") == 1.0);
