@@ -87,7 +87,8 @@ void print_fourier(std::ostream& out, const analysis::FourierRun& r) {
     fmt::print(out, "key frequencies: {} (the MLP neurons' best frequencies)\n",
                f.found.empty() ? std::string("none") : fmt::format("{}", fmt::join(f.found, ", ")));
     std::vector<std::string> counts;
-    for (std::size_t k : f.found) counts.push_back(fmt::format("{}: {}", k, f.neurons_per_frequency[k]));
+    for (std::size_t k : f.found)
+      if (f.neurons_per_frequency[k] > 0) counts.push_back(fmt::format("{}: {}", k, f.neurons_per_frequency[k]));
     fmt::print(out, "MLP neurons with at least 85% of their variance in one frequency: {} of {}{}\n", explained,
                f.neurons.size(), counts.empty() ? std::string() : fmt::format(" ({})", fmt::join(counts, ", ")));
   }
