@@ -102,18 +102,22 @@ std::vector<FrequencyShare> best_frequencies(const Array<double>& f) {
   const std::size_t p = f.shape()[0], n = f.shape()[2];
   const Array<double> basis = fourier_basis(p), basis_t = xt::transpose(basis);
   const Array<double> functions = xt::transpose(f, {2, 0, 1});  // one (p, p) block a function
+  // Each frequency's rows in a and in b, with the constant's: its terms are their pairs but (0, 0).
+  std::vector<std::vector<std::size_t>> terms(frequency_count(p));
+  for (std::size_t k = 1; k < terms.size(); ++k) {
+    terms[k] = frequency_rows(p, k);
+    terms[k].insert(terms[k].begin(), 0);
+  }
   std::vector<FrequencyShare> out(n);
   for (std::size_t i = 0; i < n; ++i) {
     const Array<double> x = xt::view(functions, i, xt::all(), xt::all());
     const Array<double> power = xt::square(xt::linalg::dot(xt::linalg::dot(basis, x), basis_t));  // F x Fᵀ, squared
     const double total = xt::sum(power)() - power(0, 0);
     if (!(total > 1e-24 * xt::sum(xt::square(x))())) continue;  // constant, but for rounding
-    for (std::size_t k = 1; k < frequency_count(p); ++k) {
-      std::vector<std::size_t> rows = frequency_rows(p, k);
-      rows.insert(rows.begin(), 0);
+    for (std::size_t k = 1; k < terms.size(); ++k) {
       double sum = 0;
-      for (std::size_t a : rows)
-        for (std::size_t b : rows) sum += a == 0 && b == 0 ? 0 : power(a, b);
+      for (std::size_t a : terms[k])
+        for (std::size_t b : terms[k]) sum += a == 0 && b == 0 ? 0 : power(a, b);
       if (sum / total > out[i].share) out[i] = {.frequency = k, .share = sum / total};
     }
   }

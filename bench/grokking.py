@@ -11,21 +11,14 @@ leaves out starting up); PyTorch's are measured the same way, around its loop.
 """
 import argparse
 import datetime
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
+from compare import run_json  # the last JSON line of a command, or exit naming it
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def last_json(cmd, env):
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"grokking.py: {' '.join(cmd)} failed with status {done.returncode}:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -42,10 +35,10 @@ def main():
         for threads in (int(t) for t in args.threads.split(",")):
             rates = {"qkv": [], "torch": []}
             for _ in range(args.rounds):
-                q = last_json([args.qkv, "train", "modadd", "--steps", str(args.steps), "--threads", str(threads),
+                q = run_json([args.qkv, "train", "modadd", "--steps", str(args.steps), "--threads", str(threads),
                                "--out", os.path.join(tmp, "run"), "--force"], env)
                 rates["qkv"].append(q["steps"] / q["seconds"])
-                t = last_json([sys.executable, os.path.join(HERE, "grokking_torch.py"), "--steps", str(args.steps),
+                t = run_json([sys.executable, os.path.join(HERE, "grokking_torch.py"), "--steps", str(args.steps),
                                "--threads", str(threads)], env)
                 rates["torch"].append(t["steps_per_second"])
                 version = t["engine"]

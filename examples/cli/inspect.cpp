@@ -25,6 +25,18 @@ struct InspectArgs {
   bool json = false, across_training = false, fourier = false;
 };
 
+// A measure along training as --svg and --json ask (its charts, its JSON), or its tables.
+template <class Series, class Charts, class Print>
+int show_series(const InspectArgs& a, const Series& series, Charts charts, Print print) {
+  if (!a.svg.empty()) {
+    const auto files = report::write_svg_files(a.svg, charts(series));
+    fmt::print(stderr, "qkv inspect: wrote {} SVG files to {}\n", files.size(), a.svg);
+  }
+  if (a.json) fmt::print("{}\n", report::to_json(series).dump());
+  else if (a.svg.empty()) print(std::cout, series);
+  return 0;
+}
+
 // --fourier: a modular-addition run in the Fourier basis, and along training.
 int fourier(const InspectArgs& a) {
   analysis::FourierRun r;
@@ -33,25 +45,13 @@ int fourier(const InspectArgs& a) {
   } catch (const std::invalid_argument& e) {
     usage("--fourier", "{}", e.what());
   }
-  if (!a.svg.empty()) {
-    const auto files = report::write_svg_files(a.svg, report::fourier_charts(r));
-    fmt::print(stderr, "qkv inspect: wrote {} SVG files to {}\n", files.size(), a.svg);
-  }
-  if (a.json) fmt::print("{}\n", report::to_json(r).dump());
-  else if (a.svg.empty()) report::print_fourier(std::cout, r);
-  return 0;
+  return show_series(a, r, report::fourier_charts, report::print_fourier);
 }
 
 // --across-training: the kept checkpoints' measures as JSON, SVG charts or tables.
 int across_training(const InspectArgs& a) {
-  const analysis::AcrossTraining across = training::across_training_run(a.dir);
-  if (!a.svg.empty()) {
-    const auto files = report::write_svg_files(a.svg, report::across_training_charts(across));
-    fmt::print(stderr, "qkv inspect: wrote {} SVG files to {}\n", files.size(), a.svg);
-  }
-  if (a.json) fmt::print("{}\n", report::to_json(across).dump());
-  else if (a.svg.empty()) report::print_across_training(std::cout, across);
-  return 0;
+  return show_series(a, training::across_training_run(a.dir), report::across_training_charts,
+                     report::print_across_training);
 }
 
 // Writes the report of an inspection as --html, --svg and --json ask, or prints it.
