@@ -305,6 +305,26 @@ AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& k
   return attend(q, k, v, mask, need_weights, cache, query.dim() == 2);
 }
 
+Tensor MultiHeadAttention::forward_gathered(const Tensor& table, const IndexArray& rows, const IndexArray& query_rows,
+                                           const AttentionMask& mask) const {
+  const auto& o = options_;
+  if (table.dim() != 2 || table.size(1) != o.d_model)
+    fail(who, "forward_gathered: table of shape {} must be (N, {})", to_string(table.shape()), o.d_model);
+  if (rows.dimension() != 2 || query_rows.dimension() != 2 || query_rows.shape()[0] != rows.shape()[0] ||
+      query_rows.shape()[1] > rows.shape()[1])
+    fail(who, "forward_gathered: rows {} and query_rows {} must be (B, Tk) and (B, Tq) with Tq ≤ Tk",
+         to_string(to_shape(rows.shape())), to_string(to_shape(query_rows.shape())));
+  if (!q_proj || !v_proj || hooked()) {
+    const Tensor x = embedding(table, rows);
+    return forward(embedding(table, query_rows), x, x, mask).output;
+  }
+  const Tensor q_table = (*q_proj)(table);
+  const Tensor k_table = k_proj ? (*k_proj)(table) : o.qk == QK::symmetric ? keys_of(q_table) : q_table;
+  return attend(embedding(q_table, query_rows), embedding(k_table, rows), embedding((*v_proj)(table), rows), mask, false,
+                nullptr, false)
+      .output;
+}
+
 AttentionResult MultiHeadAttention::attend_cached(const Tensor& q, const Tensor& k, const Tensor& v,
                                                   const AttentionMask& mask, KVCache& cache, bool unbatched_input) const {
   const auto& o = options_;

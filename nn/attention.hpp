@@ -108,6 +108,15 @@ class MultiHeadAttention : public Module {
   AttentionResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
                           const AttentionMask& mask = {}, bool need_weights = false, KVCache* cache = nullptr) const;
 
+  // Self-attention over x = table[rows] for the queries at table[query_rows]: table (N, d_model),
+  // rows (B, Tk) and query_rows (B, Tq), the last Tq positions of the sequences (Tq ≤ Tk). Returns
+  // the output (B, Tq, d_model), forward(table[query_rows], table[rows], table[rows]).output:
+  // the projections run on the table's N rows and are gathered, which costs less when N is below
+  // B · Tk (a small vocabulary at layer 0). Without hooks or a learned-or-frozen q (identity):
+  // forward on the gathered rows.
+  Tensor forward_gathered(const Tensor& table, const IndexArray& rows, const IndexArray& query_rows,
+                          const AttentionMask& mask = {}) const;
+
   // Per-head matrices, copies: W_q, W_k (d_model × d_head), W_v (d_model × d_v) and
   // W_o (d_v × d_model). W_k and W_v take a query head: under GQA/MQA they return the matrices
   // of the kv head that query head h reads.

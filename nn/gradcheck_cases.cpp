@@ -223,6 +223,24 @@ void add_transformer_cases(Catalogue& c) {
                        return m->loss(m->forward_last(tokens), targets);
                      }));
   });
+  // forward_last on more sequences (7) than tokens (5), as modadd's batch: layer 0's LayerNorm and
+  // projections run on the (token, position) table and are gathered, with tied q and k.
+  c.add_setup("Transformer", "Transformer forward_last gathered, LayerNorm, tied", [config](Generator& g) {
+    auto m = std::make_shared<Transformer>(config([](auto& t) {
+      t.mlp = true;
+      t.qk = QK::tied;
+    }), g);
+    const IndexArray tokens{{0, 3, 1, 4, 2}, {4, 4, 0, 1, 3}, {1, 2, 3, 0, 0}, {2, 2, 2, 2, 2},
+                            {3, 0, 4, 1, 1}, {0, 0, 1, 4, 3}, {4, 3, 2, 1, 0}};
+    IndexArray targets = IndexArray::from_shape({7, 1});
+    for (std::size_t b = 0; b < 7; ++b) targets(b, 0) = std::int64_t(b % 3);
+    Inputs params;
+    for (const Tensor& p : m->parameters())
+      if (p.requires_grad()) params.push_back(p);
+    return std::pair(params, GradcheckFunction([m, tokens, targets](const Inputs&) {
+                       return m->loss(m->forward_last(tokens), targets);
+                     }));
+  });
   // With a hook on every point of a GQA model: each scales its activation by 0.9, and layer 1's
   // hook_z scales head 1 by 0.5, so every gradient flows through what the hooks return.
   c.add_setup("Transformer", "Transformer token, MLP, GQA, hooks everywhere", [config](Generator& g) {

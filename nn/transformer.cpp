@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <xtensor/xview.hpp>
 
 #include "qkv/core/ops.hpp"
 #include "qkv/nn/checkpoint.hpp"
@@ -211,6 +212,21 @@ Tensor TransformerBlock::forward_last(const Tensor& x_in, const AttentionMask& m
   return output(slice(x, 1, T - 1, T) + hook_attn_out(r.output));
 }
 
+bool TransformerBlock::gathers() const {
+  return hook_resid_pre.empty() && ln1_normalized.empty() && !attn.hooked() && attn.q_proj && attn.v_proj;
+}
+
+Tensor TransformerBlock::forward_gathered(const Tensor& table, const IndexArray& rows, const AttentionMask& mask,
+                                          bool last_only, Tensor* input) const {
+  if (!gathers()) fail("TransformerBlock", "forward_gathered: a hook before the attention's output, or identity q, k, v");
+  const std::size_t T = rows.shape()[1];
+  const IndexArray query_rows = last_only ? IndexArray(xt::view(rows, xt::all(), xt::range(T - 1, T))) : rows;
+  const Tensor normalized = normalized_input(table);  // ln1 of each row, once
+  const Tensor a = hook_attn_out(attn.forward_gathered(normalized, rows, query_rows, mask));
+  if (input) *input = embedding(normalized, rows);
+  return output(embedding(table, query_rows) + a);
+}
+
 namespace detail {
 
 Tensor embed(const Embedding& tok, const Tensor& table, const HookPoint& embed, const HookPoint& pos_embed,
@@ -335,10 +351,28 @@ TransformerOutput Transformer::run(const IndexArray& tokens, bool need_weights, 
   if (offset + T > config_.max_len)
     fail("Transformer", "positions {} to {} are beyond max_len {}", offset, offset + T, config_.max_len);
   TransformerOutput f;
-  Tensor x = detail::embed(tok, position_table(), hook_embed, hook_pos_embed, tokens, offset);
   const bool pointer = config_.readout == Readout::pointer;
   AttentionMask mask{.key_padding = key_padding};  // one copy of the padding for every layer
-  for (std::size_t l = 0; l < blocks.size(); ++l) {
+  // Scored at the last position, layer 0 projects each (token, position) pair once rather than
+  // each of the B · T positions, when there are fewer pairs (modadd's 3 · 114 for 3,830 · 3).
+  const std::size_t V = config_.vocab_size, D = config_.d_model, B = tokens.shape()[0];
+  const bool gathered = last_only && V < B && hook_embed.empty() && hook_pos_embed.empty() && blocks[0]->gathers() &&
+                        std::all_of(tokens.begin(), tokens.end(), [V](std::int64_t t) { return t >= 0 && t < std::int64_t(V); });
+  Tensor x;
+  if (gathered) {
+    using I = std::int64_t;
+    const Tensor positions = slice(position_table(), 0, I(offset), I(offset + T));
+    const Tensor table = reshape(reshape(tok.weight, {I(V), 1, I(D)}) + reshape(positions, {1, I(T), I(D)}), {I(V * T), I(D)});
+    IndexArray rows = IndexArray::from_shape({B, T});
+    for (std::size_t i = 0; i < rows.size(); ++i) rows.data()[i] = tokens.data()[i] * I(T) + I(i % T);
+    mask.causal = causal(0);
+    f.attention.emplace_back();
+    f.inputs.emplace_back();
+    x = blocks[0]->forward_gathered(table, rows, mask, blocks.size() == 1, blocks.size() == 1 ? nullptr : &f.inputs.back());
+  } else {
+    x = detail::embed(tok, position_table(), hook_embed, hook_pos_embed, tokens, offset);
+  }
+  for (std::size_t l = gathered ? 1 : 0; l < blocks.size(); ++l) {
     mask.causal = causal(l);
     f.attention.emplace_back();
     f.inputs.emplace_back();

@@ -200,6 +200,15 @@ class TransformerBlock : public ResidualBlock {
   // The block's output at the last position alone, (B, 1, d_model): the attention reads every
   // position's keys and values but runs the last query only, and the MLP runs there alone.
   Tensor forward_last(const Tensor& x, const AttentionMask& mask) const;
+  // forward (or forward_last when last_only) on the stream x = table[rows], table (N, d_model) and
+  // rows (B, T): layer 0 of a model whose stream starts as a token's embedding plus its position's,
+  // N = vocabulary · T rows. ln1 and the attention's projections run on the table's N rows and are
+  // gathered (MultiHeadAttention::forward_gathered). `input` receives ln1(x). Only when gathers().
+  Tensor forward_gathered(const Tensor& table, const IndexArray& rows, const AttentionMask& mask, bool last_only,
+                          Tensor* input = nullptr) const;
+  // Whether forward_gathered gives forward's result: no hook before the attention's output sees the
+  // (B, T) stream, and q, k and v are projections.
+  bool gathers() const;
 };
 
 namespace detail {

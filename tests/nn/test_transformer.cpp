@@ -231,6 +231,58 @@ TEST_CASE("without LayerNorm the model reads the stream as it is, and forward_la
   CHECK_THROWS_WITH(pointer.forward_last(tokens), Contains("forward_last reads the token readout"));
 }
 
+TEST_CASE("forward_last on more sequences than tokens projects each token and position once: forward's logits and gradients") {
+  // 12 sequences of a 5-token vocabulary: layer 0 runs on the 5 · 4 (token, position) rows and
+  // gathers them. The reference is forward over every position (its last row), op by op.
+  const IndexArray tokens{{0, 3, 1, 4}, {4, 4, 0, 1}, {1, 2, 3, 0}, {2, 2, 2, 2}, {3, 0, 4, 1}, {0, 0, 1, 4},
+                          {4, 3, 2, 1}, {1, 1, 0, 3}, {2, 4, 1, 0}, {3, 3, 3, 4}, {0, 2, 4, 2}, {1, 4, 2, 3}};
+  IndexArray targets = IndexArray::from_shape({12, 1});
+  for (std::size_t b = 0; b < 12; ++b) targets(b, 0) = std::int64_t((3 * b + 1) % 5);
+  MaskArray padding = xt::ones<bool>(Shape{12, 4});
+  padding(2, 0) = padding(7, 1) = false;
+  const auto base = [] {
+    return nn::TransformerConfig{.vocab_size = 5, .n_classes = 5, .max_len = 4, .layers = 1, .d_model = 8, .heads = 2,
+                                 .mlp = true, .dtype = DType::float64};
+  };
+  std::vector<std::pair<std::string, nn::TransformerConfig>> configs;
+  configs.emplace_back("one layer, ReLU, no LayerNorm, no biases", base());
+  configs.back().second.activation = nn::Activation::relu;
+  configs.back().second.layer_norm = configs.back().second.attention_bias = false;
+  configs.emplace_back("two layers, LayerNorm, bidirectional", base());
+  configs.back().second.layers = 2;
+  configs.back().second.causal = false;
+  configs.emplace_back("tied, sinusoidal positions", base());
+  configs.back().second.qk = nn::QK::tied;
+  configs.back().second.positions = nn::Positions::sinusoidal;
+  configs.emplace_back("symmetric, GQA-free, two layers", base());
+  configs.back().second.qk = nn::QK::symmetric;
+  configs.back().second.layers = 2;
+  for (const auto& [name, c] : configs)
+    for (const bool padded : {false, true}) {
+      INFO(name << (padded ? ", key padding" : ""));
+      const MaskArray mask = padded ? padding : MaskArray();
+      Generator gen(11);
+      nn::Transformer model(c, gen);
+      const nn::TransformerOutput full = model.forward(tokens, false, mask);
+      const Tensor reference = slice(full.logits, 1, 3, 4);
+      nn::TransformerOutput at_last;
+      at_last.logits = reference;
+      model.loss(at_last, targets).backward();
+      std::map<std::string, Array<double>> grads;
+      for (auto& [key, p] : model.named_parameters()) {
+        grads[key] = p.grad().value<double>();
+        p.zero_grad();
+      }
+      const nn::TransformerOutput last = model.forward_last(tokens, mask);
+      check_close(last.logits, reference.value<double>(), 1e-12);
+      model.loss(last, targets).backward();
+      for (const auto& [key, p] : model.named_parameters()) {
+        INFO(key);
+        check_close(p.grad(), grads.at(key), 1e-12);
+      }
+    }
+}
+
 TEST_CASE("the normal init draws weights N(0, 1/d_model), the head's N(0, 1/n_classes), biases 0") {
   nn::TransformerConfig c{.vocab_size = 300, .n_classes = 40, .max_len = 50, .layers = 1, .d_model = 64, .heads = 4,
                           .mlp = true, .init = nn::Init::normal};
