@@ -27,23 +27,23 @@ class Attention(torch.nn.Module):
     q's for tied and symmetric heads, where symmetric keys are q ⊙ s, s = +1 on the first half of
     each head's dimensions and −1 on the rest; none of the three for identity heads), GQA/MQA by
     kv heads shared among groups of query heads (identity-qk: q and k are the stream, v learned), scores scaled by 1/√d_head unless `scale` is off,
-    then softmax and out_proj."""
+    then softmax and out_proj; the projections have biases unless `bias` is off."""
 
-    def __init__(self, d_model, heads, d_head, kv_heads, qk, proj, scale):
+    def __init__(self, d_model, heads, d_head, kv_heads, qk, proj, scale, bias=True):
         super().__init__()
         self.heads, self.kv_heads, self.d_head, self.qk, self.proj = heads, kv_heads, d_head, qk, proj
         self.scale = 1 / math.sqrt(d_head) if scale else 1.0
         if proj not in ("identity", "identity-qk"):
-            self.q_proj = torch.nn.Linear(d_model, heads * d_head)
+            self.q_proj = torch.nn.Linear(d_model, heads * d_head, bias=bias)
             if qk == "untied":
-                self.k_proj = torch.nn.Linear(d_model, kv_heads * d_head)
+                self.k_proj = torch.nn.Linear(d_model, kv_heads * d_head, bias=bias)
         if proj != "identity":
-            self.v_proj = torch.nn.Linear(d_model, kv_heads * d_head)
+            self.v_proj = torch.nn.Linear(d_model, kv_heads * d_head, bias=bias)
             if proj == "frozen":
                 for layer in (self.q_proj, getattr(self, "k_proj", None), self.v_proj):
                     if layer is not None:
                         layer.requires_grad_(False)
-        self.out_proj = torch.nn.Linear(heads * d_head, d_model)
+        self.out_proj = torch.nn.Linear(heads * d_head, d_model, bias=bias)
         signs = [1.0 if i % d_head < (d_head + 1) // 2 else -1.0 for i in range(heads * d_head)]
         self.register_buffer("signs", torch.tensor(signs), persistent=False)
 
@@ -75,22 +75,30 @@ class Attention(torch.nn.Module):
         return self.out_proj(z), scores
 
 
+def norm(d_model, layer_norm=True):
+    """A LayerNorm, or without LayerNorm (layer_norm false) the identity, which has no parameters."""
+    return torch.nn.LayerNorm(d_model, eps=1e-5) if layer_norm else torch.nn.Identity()
+
+
 class Block(torch.nn.Module):
     """A pre-LayerNorm block: x + attn(ln1(x)), then (decoder blocks) y + cross_attn(ln_cross(y),
-    memory), then with the MLP x + proj(gelu(fc(ln2(x)))), gelu exact (erf), the MLP 4·d_model wide."""
+    memory), then with the MLP x + proj(act(fc(ln2(x)))), act gelu exact (erf) or relu, the MLP
+    d_mlp wide (0: 4·d_model); without LayerNorm, ln1 and ln2 are the identity."""
 
-    def __init__(self, d_model, attention, mlp, cross=False):
+    def __init__(self, d_model, attention, mlp, cross=False, layer_norm=True, d_mlp=0, activation="gelu"):
         super().__init__()
-        self.ln1 = torch.nn.LayerNorm(d_model, eps=1e-5)
+        self.ln1 = norm(d_model, layer_norm)
         self.attn = Attention(d_model, **attention)
         if cross:
             self.ln_cross = torch.nn.LayerNorm(d_model, eps=1e-5)
             self.cross_attn = Attention(d_model, **attention)
         if mlp:
-            self.ln2 = torch.nn.LayerNorm(d_model, eps=1e-5)
+            hidden = d_mlp or 4 * d_model
+            self.ln2 = norm(d_model, layer_norm)
             self.mlp = torch.nn.Module()
-            self.mlp.fc = torch.nn.Linear(d_model, 4 * d_model)
-            self.mlp.proj = torch.nn.Linear(4 * d_model, d_model)
+            self.mlp.fc = torch.nn.Linear(d_model, hidden)
+            self.mlp.proj = torch.nn.Linear(hidden, d_model)
+            self.act = F.relu if activation == "relu" else F.gelu
 
     def forward(self, x, causal, key_padding=None, memory=None, memory_padding=None):
         h = self.ln1(x)
@@ -99,19 +107,19 @@ class Block(torch.nn.Module):
         if memory is not None:
             x = x + self.cross_attn(self.ln_cross(x), memory, False, memory_padding)[0]
         if hasattr(self, "mlp"):
-            x = x + self.mlp.proj(F.gelu(self.mlp.fc(self.ln2(x))))
+            x = x + self.mlp.proj(self.act(self.mlp.fc(self.ln2(x))))
         return x, scores
 
 
 def attention_of(c):
     heads = c["heads"]
     return {"heads": heads, "d_head": c["d_head"] or c["d_model"] // heads, "kv_heads": c.get("kv_heads") or heads,
-            "qk": c["qk"], "proj": c["proj"], "scale": c.get("scale", True)}
+            "qk": c["qk"], "proj": c["proj"], "scale": c.get("scale", True), "bias": c.get("attention_bias", True)}
 
 
 class Transformer(torch.nn.Module):
     """qkv's decoder-only Transformer (nn/transformer.hpp): token and position embeddings, pre-
-    LayerNorm blocks, and the readout: a final LayerNorm and a linear head (token), or the last
+    LayerNorm blocks (or none: layer_norm false), and the readout: a final LayerNorm and a linear head (token), or the last
     layer's head 0's scores over the keys, before softmax (pointer). forward(tokens (B, T)) returns
     the logits qkv's model returns: (B, T, n_classes), or (B, T, T) scores with −inf where masked."""
 
@@ -125,8 +133,11 @@ class Transformer(torch.nn.Module):
         else:
             self.register_buffer("sinusoids", torch.tensor(sinusoids(cfg["max_len"], D)), persistent=False)
         self.causal = list(cfg.get("causal_layers") or [cfg["causal"]] * L)
-        self.blocks = torch.nn.ModuleList(Block(D, attention_of(cfg), cfg["mlp"]) for _ in range(L))
-        self.ln_final = torch.nn.LayerNorm(D, eps=1e-5)
+        layer_norm = cfg.get("layer_norm", True)
+        self.blocks = torch.nn.ModuleList(Block(D, attention_of(cfg), cfg["mlp"], layer_norm=layer_norm,
+                                                d_mlp=cfg.get("d_mlp", 0), activation=cfg.get("activation", "gelu"))
+                                          for _ in range(L))
+        self.ln_final = norm(D, layer_norm)
         if cfg["readout"] == "token":
             self.head = torch.nn.Linear(D, cfg["n_classes"])
         if cfg.get("embeddings") == "frozen":  # embeddings and every LayerNorm stay at their init
@@ -216,12 +227,7 @@ def to_torch(model):
     """A torch.nn.Module of a qkv Transformer or EncoderDecoder, holding copies of its parameters
     (as qkv names them) in their dtype; its logits equal qkv's within float32 rounding."""
     if isinstance(model, _qkv.Transformer):
-        cfg = model.cfg
-        for field, usual in (("d_mlp", 0), ("activation", "gelu"), ("layer_norm", True), ("attention_bias", True)):
-            if cfg.get(field, usual) != usual:
-                raise ValueError(f"to_torch: the model's {field} is {cfg[field]!r}; the PyTorch module is built for "
-                                 f"{field} {usual!r} only")
-        module = Transformer(cfg)
+        module = Transformer(model.cfg)
     elif isinstance(model, _qkv.EncoderDecoder):
         module = EncoderDecoder(model.cfg)
     else:
