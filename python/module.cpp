@@ -889,6 +889,22 @@ PYBIND11_MODULE(_qkv, m) {
             return sides;
           },
           "A seq2seq task's sides (source_vocab, max_source_len, source_pad, start, end), or None")
+      .def_property_readonly(
+          "split",
+          [](const tasks::Task& t) -> py::object {
+            const tasks::Split* split = t.split();
+            if (!split) return py::none();
+            py::dict sides;
+            for (const auto& [name, rows] : {std::pair{"train", &split->train}, {"test", &split->test}}) {
+              py::dict side;
+              side["tokens"] = ids_array(rows->tokens);
+              side["targets"] = ids_array(rows->targets);
+              sides[name] = side;
+            }
+            return sides;
+          },
+          "A data set's (modadd's) split: {train, test}, each {tokens (N, T), targets (N, T), -100 where nothing is "
+          "scored}; None for a task that draws its sequences")
       .def(
           "sample",
           [](const tasks::Task& t, std::size_t batch, std::uint64_t seed) {
@@ -910,8 +926,17 @@ PYBIND11_MODULE(_qkv, m) {
       .def("token_name", [](const tasks::Task& t, std::int64_t token) { return t.token_name(token); }, py::arg("token"));
   m.def(
       "task",
-      [](const std::string& name, std::size_t n) { return std::shared_ptr<tasks::Task>(tasks::make_task(name, n)); },
-      py::arg("name"), py::arg("n") = 0, "A built-in task, as the program makes it (n: its size, for line and cycle; 0: the default)");
+      [](const std::string& name, std::size_t n, std::uint64_t seed, std::optional<double> train_fraction) {
+        tasks::TrainOptions o = tasks::default_options(name, n);
+        o.seed = seed;
+        if (train_fraction && !tasks::task_spec(name).make_dataset)
+          throw py::value_error(fmt::format("task: train_fraction is for a data set's split; the {} task draws its sequences", name));
+        if (train_fraction) o.train_fraction = *train_fraction;
+        return std::shared_ptr<tasks::Task>(tasks::make_task(o));
+      },
+      py::arg("name"), py::arg("n") = 0, py::arg("seed") = 0, py::arg("train_fraction") = py::none(),
+      "A built-in task, as the program makes it (n: its size, for line, cycle and modadd's p; 0: the default); a data "
+      "set's (modadd's) split is the one a run of this seed and train_fraction (none: the task's default) trains on");
   m.def(
       "inspect",
       [](const std::string& dir, const py::object& input, bool history) {

@@ -93,6 +93,9 @@ void check_memory(const TrainOptions& o, bool training) {
                [&](TrainOptions& s) { s.encoder_layers = defaults.encoder_layers; });
     consider("model.d_model", double(m.d_model), double(d.d_model), [&](TrainOptions& s) { s.model.d_model = d.d_model; });
     consider("model.heads", double(m.heads), double(d.heads), [&](TrainOptions& s) { s.model.heads = d.heads; });
+    if (m.mlp && m.d_mlp)  // the MLP's width where it was given (0: 4 · d_model)
+      consider("model.d_mlp", double(m.d_mlp), double(d.d_mlp ? d.d_mlp : 4 * d.d_model),
+               [&](TrainOptions& s) { s.model.d_mlp = d.d_mlp; });
     // d_head and kv_heads only where they were given: otherwise heads and d_model set them.
     if (m.d_head)
       consider("model.d_head", double(m.d_head), double(nn::head_dim(d)),

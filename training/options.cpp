@@ -150,8 +150,8 @@ void check_options(const TrainOptions& o) {
     out_of_range("train_fraction", "is {}; it must be in (0, 1)", o.train_fraction);
   try {
     task = make_task(o);
-  } catch (const std::invalid_argument& e) {
-    throw OptionError("train_fraction", e.what());
+  } catch (const std::invalid_argument& e) {  // n passed task_size: a data set's split is what failed
+    throw OptionError(dataset ? "train_fraction" : "n", e.what());
   }
   if (const Split* split = task->split()) {
     const std::size_t rows = split->train.tokens.shape()[0];
@@ -256,7 +256,7 @@ TrainOptions parse_config(std::string_view text, const std::string& file) {
   try {
     tokens = token_names(*make_task(o));
   } catch (const std::invalid_argument& e) {
-    r.fail_at("train_fraction", "{}", e.what());
+    r.fail_at(task_spec(task).make_dataset ? "train_fraction" : "n", "{}", e.what());
   }
   if (r.has("tokens") && r.at("tokens") != tokens)
     r.fail_at("tokens", "are not the {} task's tokens ({})", task, tokens.dump());

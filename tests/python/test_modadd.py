@@ -5,6 +5,7 @@ import os
 import subprocess
 
 import numpy as np
+import pytest
 
 import qkv
 
@@ -70,3 +71,29 @@ def test_modadd_logits_are_a_numpy_forward_of_its_weights(tmp_path):
         norm = np.sqrt(((c / np.linalg.norm(c)) @ W) @ ((c / np.linalg.norm(c)) @ W)
                        + ((s_ / np.linalg.norm(s_)) @ W) @ ((s_ / np.linalg.norm(s_)) @ W))
         assert abs(fourier["final"]["embed"][k] - norm) < 1e-5 * norm
+
+
+def test_a_tasks_split_is_the_one_the_run_of_its_seed_trains_on(tmp_path):
+    out = tmp_path / "run"
+    qkv.train("modadd", out=str(out), p=11, seed=5, steps=20, d_model=16, heads=2, d_mlp=32, log_every=10)
+    split = qkv.task("modadd", n=11, seed=5).split
+    pairs = lambda side: {(a, b) for a, b, _ in split[side]["tokens"].tolist()}
+    train, test = pairs("train"), pairs("test")
+    assert len(train) == 36 and len(test) == 121 - 36 and not train & test  # floor(0.3 · 121) = 36 train
+    assert train | test == {(a, b) for a in range(11) for b in range(11)}
+    for side in ("train", "test"):
+        tokens, targets = split[side]["tokens"], split[side]["targets"]
+        assert (tokens[:, 2] == 11).all() and (targets[:, -1] == (tokens[:, 0] + tokens[:, 1]) % 11).all()
+    other = qkv.task("modadd", n=11, seed=6).split["train"]["tokens"]
+    assert {(a, b) for a, b, _ in other.tolist()} != train
+    assert len(qkv.task("modadd", n=11, seed=5, train_fraction=0.5).split["train"]["tokens"]) == 60
+    # The run's own scores on the two splits are the model's on these rows.
+    model = qkv.load_run(str(out))
+    evaluated = qkv.evaluate(str(out))
+    for side, scores in (("train", evaluated["train"]), ("test", evaluated)):
+        tokens, targets = split[side]["tokens"], split[side]["targets"]
+        right = (model(tokens)[:, -1].argmax(-1) == targets[:, -1]).sum()
+        assert abs(right - scores["accuracy"] * len(tokens)) <= 1  # a near tie may go the other way in float32
+    assert qkv.task("brackets").split is None
+    with pytest.raises(ValueError, match="train_fraction is for a data set's split"):
+        qkv.task("brackets", train_fraction=0.5)

@@ -415,6 +415,15 @@ TEST_CASE("check_options names the field at fault, and estimate_memory grows wit
     CHECK(e.field == "batch");
     CHECK_THAT(e.what(), Catch::Matchers::Contains("for a training step (batch 1000000 of 25 tokens"));
   }
+  // modadd's model with an MLP a billion wide: its width, not the full batch it always has.
+  TrainOptions wide = default_options("modadd");
+  wide.model.d_mlp = 1'000'000'000;
+  try {
+    check_memory(wide, true);
+    FAIL("check_memory passed an MLP of a billion units");
+  } catch (const OptionError& e) {
+    CHECK(e.field == "model.d_mlp");
+  }
   CHECK_NOTHROW(check_memory(o, true));
   const MemoryEstimate small = estimate_memory(o);
   o.batch *= 2;
