@@ -12,6 +12,7 @@
 #include "qkv/analysis/detail/f64.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/nn/files.hpp"
 
 namespace qkv::analysis {
 
@@ -135,6 +136,14 @@ FourierAnalysis fourier_analysis(nn::Transformer& model, const tasks::ModAddTask
   for (std::size_t k : o.key_frequencies.value_or(std::vector<std::size_t>{}))
     if (k == 0 || k >= frequency_count(p))
       fail("fourier_analysis", "key frequency {}: the frequencies of Z_{} are 1 to {}", k, p, p / 2);
+  // All p² inputs run at once: the stream, the MLP and the logits at 3 positions in float32, then
+  // the activations at "=" and the answers' logits (twice) in float64. Refused before any of it.
+  const double D = double(c.d_model), hidden = c.mlp ? double(c.d_mlp ? c.d_mlp : 4 * c.d_model) : 0;
+  const double need = double(p) * double(p) *
+                      (12 * (6 * D + 2 * hidden + double(c.n_classes) + 3 * double(c.heads)) + 8 * (hidden + 2 * double(p) + double(c.heads)));
+  if (need > nn::available_memory())
+    fail("fourier_analysis", "p = {}: reading all {} pairs at once needs about {:.1f} GiB, more than the {:.1f} GiB this "
+         "machine has available", p, p * p, need / double(1 << 30), nn::available_memory() / double(1 << 30));
   FourierAnalysis r;
   r.p = p;
   const Array<double> basis = fourier_basis(p);

@@ -160,6 +160,14 @@ TEST_CASE("a modadd model's norms by frequency, restricted and excluded losses e
   o.model.vocab_size = o.model.n_classes = 9;
   nn::Transformer other(o.model, gen);
   CHECK_THROWS_WITH(analysis::fourier_analysis(other, modadd), Contains("does not read modadd's p = 7"));
+  // p = 1000 with an MLP 100,000 wide: its million inputs' activations alone are 800 GB. Refused
+  // before they are made.
+  const tasks::ModAddTask large(1000, 0.3, 0);
+  const nn::TransformerConfig wide{.vocab_size = 1001, .n_classes = 1001, .max_len = 3, .layers = 1, .d_model = 8,
+                                   .heads = 2, .mlp = true, .d_mlp = 100'000};
+  nn::Transformer huge(wide, gen);
+  CHECK_THROWS_WITH(analysis::fourier_analysis(huge, large),
+                    Contains("fourier_analysis: p = 1000: reading all 1000000 pairs at once needs about"));
 }
 
 TEST_CASE("fourier_run analyses a modadd run and each checkpoint it kept, and refuses another task's run") {
