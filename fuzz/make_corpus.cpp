@@ -138,6 +138,9 @@ int main(int argc, char** argv) {
   put("rng-long", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "1 2 3 4 5"; }));
   put("rng-negative", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "-1 -1 -1 -1"; }));
   put("rng-zero", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "0 0 0 0"; }));
+  // The step a run's target checks passed: after the checkpoint's own step (1), or not a step.
+  put("target-later", edited(optimizer, [&](Json& h) { h["__metadata__"]["steps_to_target"] = "2"; }));
+  put("target-text", edited(optimizer, [&](Json& h) { h["__metadata__"]["steps_to_target"] = "1e3"; }));
   // A long text with a newline and a quote: the message shows its start, escaped, and its length.
   put("rng-text", edited(optimizer, [&](Json& h) { h["__metadata__"]["rng"] = "1\n2 \"3\" " + std::string(10'000, 'x'); }));
   const auto with_value = [&](const std::string& buffer, float value) {

@@ -1,16 +1,20 @@
 #include "qkv/sweep/measure.hpp"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <ostream>
 #include <type_traits>
 
 #include <fmt/format.h>
 
 #include "qkv/analysis/inspect.hpp"
+#include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/circuits.hpp"
 #include "qkv/nn/files.hpp"
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
+#include "qkv/training/options.hpp"
 #include "qkv/training/run_folder.hpp"
 #include "qkv/training/trainer.hpp"
 
@@ -55,10 +59,47 @@ std::vector<std::size_t> curve_steps(std::size_t steps) {
 
 namespace {
 
+struct CurvePoint {
+  Json point;
+  std::vector<std::string> violations;
+};
+
+// Drops the points of `step` and later: what a resumed run measures again.
+void drop_from(std::vector<CurvePoint>& points, std::size_t step) {
+  while (!points.empty() && points.back().point["step"].get<std::size_t>() >= step) points.pop_back();
+}
+
+// A curve file's points, a line each ({"point": …, "violations": […]}), up to the first line that
+// is not one whole (what a write that died left). A line replaces those of its step and later,
+// which a run resumed from an earlier checkpoint measured again.
+std::vector<CurvePoint> read_curve(const std::string& file) {
+  std::vector<CurvePoint> points;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const Json j = Json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("point") || !j["point"].is_object() ||
+        !j["point"].contains("step") || !j["point"]["step"].is_number_unsigned() || !j.contains("violations") ||
+        !j["violations"].is_array())
+      break;
+    drop_from(points, j["point"]["step"].get<std::size_t>());
+    CurvePoint p{.point = j["point"], .violations = {}};
+    for (const Json& v : j["violations"])
+      if (v.is_string()) p.violations.push_back(v.get<std::string>());
+    points.push_back(std::move(p));
+  }
+  return points;
+}
+
+void append_curve_point(const std::string& file, const Json& point, const std::vector<std::string>& violations) {
+  std::ofstream out(file, std::ios::app);
+  out << Json{{"point", point}, {"violations", violations}}.dump() << "\n" << std::flush;
+  if (!out) throw std::runtime_error(fmt::format("{}: the curve's point of step {} was not written", file, point["step"].dump()));
+}
+
 // measure_run for a decoder-only `Model` (nn::Transformer) or a seq2seq one (nn::EncoderDecoder).
 template <class Model>
 void measure(Json& run, const TrainOptions& o, const Extras& extras, std::vector<std::string>& violations,
-             std::ostream& progress, bool tty) {
+             std::ostream& progress, bool tty, const std::string& curve_file) {
   constexpr bool decoder_only = std::is_same_v<Model, nn::Transformer>;
   const auto task = tasks::make_task(o);
   // The held-out sequences of a decoder-only run (a seq2seq task's samples are two sides).
@@ -73,9 +114,15 @@ void measure(Json& run, const TrainOptions& o, const Extras& extras, std::vector
   // The curve: accuracy (on the final evaluation's held-out sequences), σ, asymmetry and the
   // task's probe at log-spaced steps, from the init (step 0) to the end.
   const std::vector<std::size_t> at = curve_steps(o.steps);
-  Json curve = Json::array();
+  // Each point with the probe's broken bounds at it; with a curve file, each is appended there as it
+  // is measured, and a resumed run starts from the points the file holds.
+  std::vector<CurvePoint> points;
+  if (!curve_file.empty() && o.resume) points = read_curve(curve_file);
+  if (!curve_file.empty() && !o.resume) std::filesystem::remove(curve_file);
   const auto observe = [&](std::size_t step, const Model& model) {
     if (!std::binary_search(at.begin(), at.end(), step)) return;
+    drop_from(points, step);  // a resumed run measures again from its checkpoint's step on
+    std::vector<std::string> broken;
     Json point = {{"step", step},
                   {"accuracy", tasks::evaluate(model, *task, o.eval_batches, o.batch, o.seed, o.mask_padding).accuracy},
                   {"sigma", readout_sigma(model)},
@@ -84,13 +131,19 @@ void measure(Json& run, const TrainOptions& o, const Extras& extras, std::vector
       if (task_info.probe) {
         const tasks::Probe probe = task_info.probe(model, o.seed);
         for (const auto& [key, value] : probe.values) point[key] = value;
-        for (const std::string& v : probe.violations) violations.push_back(fmt::format("at step {}: {}", step, v));
+        for (const std::string& v : probe.violations) broken.push_back(fmt::format("at step {}: {}", step, v));
       }
-    curve.push_back(std::move(point));
+    if (!curve_file.empty()) append_curve_point(curve_file, point, broken);
+    points.push_back({std::move(point), std::move(broken)});
   };
   training::TrainResult r;
   if constexpr (decoder_only) r = training::train(o, progress, tty, observe);
   else r = training::train(o, progress, tty, {}, observe);
+  Json curve = Json::array();
+  for (CurvePoint& p : points) {
+    curve.push_back(std::move(p.point));
+    violations.insert(violations.end(), p.violations.begin(), p.violations.end());
+  }
   if (curve.empty() || curve.front()["step"] != 0 || curve.back()["step"] != r.steps)
     throw std::logic_error(fmt::format("{}: the run's curve does not run from step 0 to step {}", o.out, r.steps));
   const Json& first = curve.front();
@@ -119,9 +172,28 @@ void measure(Json& run, const TrainOptions& o, const Extras& extras, std::vector
 }  // namespace
 
 void measure_run(Json& run, const TrainOptions& o, const Extras& extras, std::vector<std::string>& violations,
-                 std::ostream& progress, bool tty) {
-  if (o.encoder_layers) measure<nn::EncoderDecoder>(run, o, extras, violations, progress, tty);
-  else measure<nn::Transformer>(run, o, extras, violations, progress, tty);
+                 std::ostream& progress, bool tty, const std::string& curve_file) {
+  if (o.encoder_layers) measure<nn::EncoderDecoder>(run, o, extras, violations, progress, tty, curve_file);
+  else measure<nn::Transformer>(run, o, extras, violations, progress, tty, curve_file);
+}
+
+std::optional<std::size_t> resumable_step(const TrainOptions& o, const std::string& curve_file) {
+  try {
+    const std::optional<std::string> folder = nn::committed_checkpoint(o.out);
+    const std::optional<std::size_t> step = folder ? nn::checkpoint_step(*folder) : std::nullopt;
+    if (!step || *step > o.steps) return std::nullopt;
+    TrainOptions same = o;
+    same.resume = true, same.force = false;
+    training::check_resume_options(training::read_config(o.out), same);
+    const std::vector<CurvePoint> points = read_curve(curve_file);
+    std::vector<std::size_t> held;
+    for (const CurvePoint& p : points) held.push_back(p.point["step"].get<std::size_t>());
+    for (const std::size_t s : curve_steps(o.steps))
+      if (s <= *step && std::find(held.begin(), held.end(), s) == held.end()) return std::nullopt;
+    return step;
+  } catch (const std::exception&) {  // no run there, or another one: it trains from the start
+    return std::nullopt;
+  }
 }
 
 }  // namespace qkv::sweep

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,16 @@ struct Extras {
 // the probe's values) and config (config.json as train recorded it). A probe's broken bounds are
 // appended to `violations`, each with its step. Progress goes to `progress` as train shows it
 // (an in-place line when `tty`).
+// With a `curve_file`, each point of the curve is appended to it as it is measured, with the
+// probe's broken bounds at it; a resumed run (options.resume) takes the points of the steps before
+// its checkpoint from that file and measures the rest (its seconds are those since it resumed).
 void measure_run(nlohmann::ordered_json& run, const TrainOptions& options, const Extras& extras,
-                 std::vector<std::string>& violations, std::ostream& progress, bool tty);
+                 std::vector<std::string>& violations, std::ostream& progress, bool tty,
+                 const std::string& curve_file = "");
+
+// The step a run of `options` (its out set) that stopped part way would resume from: its folder's
+// committed checkpoint, when the folder holds a run of the same options (but its steps) and
+// `curve_file` holds the curve's points of every curve step up to it; none otherwise.
+std::optional<std::size_t> resumable_step(const TrainOptions& options, const std::string& curve_file);
 
 }  // namespace qkv::sweep

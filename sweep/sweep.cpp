@@ -173,7 +173,16 @@ bool run_one(const Run& run, std::size_t place, std::size_t total, const WorkerO
              std::ostream& progress) {
   TrainOptions o = run.train;
   o.out = w.out + "/runs/" + run.id;
-  o.force = true;  // a run a killed worker left behind is trained again from the start
+  // A run a stopped worker left part way goes on from its checkpoint, where its curve's points up to
+  // there were kept; any other is trained again from the start.
+  const std::string curve_file = w.out + "/runs/" + run.id + ".curve.jsonl";
+  const std::string name = fmt::format("[{:>3}/{}] {}", place, total, run.label.empty() ? run.id : run.label);
+  if (const std::optional<std::size_t> from = resumable_step(o, curve_file)) {
+    o.resume = true;
+    progress << fmt::format("{}: goes on from its checkpoint of step {}\n", name, *from) << std::flush;
+  } else {
+    o.force = true;
+  }
   Json result = result_head(run);
   result["pass"] = pass;
   std::vector<std::string> violations;
@@ -182,19 +191,18 @@ bool run_one(const Run& run, std::size_t place, std::size_t total, const WorkerO
   try {
     Json measured;
     const bool shown = w.show_training && w.jobs == 1;
-    measure_run(measured, o, w.extras, violations, shown ? progress : quiet, shown);
+    measure_run(measured, o, w.extras, violations, shown ? progress : quiet, shown, curve_file);
     result["status"] = "ok";
     result["error"] = nullptr;
     result.update(measured);
     result["violations"] = violations;
   } catch (const training::Interrupted&) {
-    throw;  // no result: the run is trained again on the next pass
+    throw;  // no result: the next pass goes on from the checkpoint the stop committed
   } catch (const std::exception& e) {
     ok = false;
     result["status"] = "failed";
     result["error"] = e.what();
   }
-  const std::string name = fmt::format("[{:>3}/{}] {}", place, total, run.label.empty() ? run.id : run.label);
   try {
     nn::write_atomically(result_path(w.out, run), result.dump() + "\n");
   } catch (const std::exception& e) {
@@ -202,6 +210,8 @@ bool run_one(const Run& run, std::size_t place, std::size_t total, const WorkerO
              << std::flush;
     return false;
   }
+  std::error_code gone;
+  std::filesystem::remove(curve_file, gone);  // its points are in the result now
   // One write a line, so that the lines of parallel workers do not mix.
   progress << (ok ? fmt::format("{}: accuracy {:.4f}, {}, {:.1f} s\n", name, result["accuracy"].get<double>(),
                                 result["steps_to_target"].is_null()

@@ -28,8 +28,9 @@ std::string shown(const std::string& text) {
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
                      const CheckpointState& state) {
   const auto& r = state.rng;
-  nn::save_checkpoint(dir, model, optimizer.state_dict(),
-                      {.step = state.step, .metadata = {{"rng", fmt::format("{} {} {} {}", r[0], r[1], r[2], r[3])}}});
+  nn::CheckpointInfo info{.step = state.step, .metadata = {{"rng", fmt::format("{} {} {} {}", r[0], r[1], r[2], r[3])}}};
+  if (state.steps_to_target) info.metadata["steps_to_target"] = std::to_string(*state.steps_to_target);
+  nn::save_checkpoint(dir, model, optimizer.state_dict(), info);
 }
 
 CheckpointState restore_checkpoint(const nn::Checkpoint& c, nn::Module& model, optim::Optimizer& optimizer,
@@ -56,6 +57,13 @@ CheckpointState restore_checkpoint(const nn::Checkpoint& c, nn::Module& model, o
     state.rng[i] = *word;
   }
   if (state.rng == Generator::State{}) throw bad_rng("is all zeros, which no generator reaches");
+  if (const auto target = c.info.metadata.find("steps_to_target"); target != c.info.metadata.end()) {
+    const auto reached = parse_count(target->second);
+    if (!reached || *reached == 0 || *reached > state.step)
+      throw std::runtime_error(fmt::format("{}: 'steps_to_target' = {} is not a step from 1 to the checkpoint's {}",
+                                           optimizer_file, shown(target->second), state.step));
+    state.steps_to_target = *reached;
+  }
   nn::load_weights(c, model);
   try {
     optimizer.load_state_dict(c.optimizer.tensors);

@@ -4,6 +4,7 @@
 // file's metadata), so that a resumed run continues bit-identically. DIR/config.json, written when
 // the run starts, says how to rebuild the model and the schedule.
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 #include "qkv/core/random.hpp"
@@ -15,6 +16,9 @@ namespace qkv::training {
 struct CheckpointState {
   std::size_t step = 0;       // optimizer steps taken
   Generator::State rng{};     // of the training batches, after `step` steps
+  // The step the run's target checks (TrainOptions::target_every) first passed, if one did by
+  // `step` ("steps_to_target" in the metadata), so that a resumed run reports it.
+  std::optional<std::size_t> steps_to_target{};
 };
 
 // What a checkpoint of a given run must hold, beyond fitting the model and the optimizer.

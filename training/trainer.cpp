@@ -126,6 +126,7 @@ TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator
   RunFolder folder(out.string(), o);
   const std::string metrics_file = folder.path() + "/metrics.jsonl", snapshots_file = folder.path() + "/snapshots.jsonl";
   std::size_t first_step = 0;
+  std::optional<std::size_t> resumed_target;  // the target's step, reached before the checkpoint resumed from
   if (o.resume) {
     const TrainOptions recorded = read_config(folder.path());
     check_resume_options(recorded, o);
@@ -139,6 +140,7 @@ TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator
     for (std::string line; std::getline(lines, line);) progress << (line.starts_with(" ") ? "" : "qkv train: ") << line << "\n";
     if (resumed) {
       first_step = state.step;
+      resumed_target = state.steps_to_target;
       gen.set_state(state.rng);
       progress << fmt::format("qkv train: resuming {} from step {} of {}\n", folder.path(), first_step, recorded.steps);
     } else {
@@ -176,6 +178,7 @@ TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator
   };
   const std::size_t last_step = o.stop_after ? std::min(o.stop_after, o.steps) : o.steps;
   TrainResult result;
+  result.steps_to_target = resumed_target;
   double running_loss = 0, running_acc = 0;
   std::size_t since_log = 0;
   if (first_step == 0) observed(0);
@@ -223,7 +226,7 @@ TrainResult run(Model& model, const TrainOptions& o, const Task& task, Generator
                                             "it had",
                                             step + 1, o.steps, out.string()));
     if (due || signal) {
-      save_checkpoint(folder.path(), model, opt, {.step = step + 1, .rng = gen.state()});
+      save_checkpoint(folder.path(), model, opt, {.step = step + 1, .rng = gen.state(), .steps_to_target = result.steps_to_target});
       folder.checkpointed();
     }
     if (signal) {

@@ -87,6 +87,9 @@ TEST_CASE("every file of the fuzz corpus loads, or is rejected naming its fault"
        {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' = \"1\\n2 \\\"3\\\" " + std::string(56, 'x') +
                                      "\"… (10008 bytes) holds \"\\\"3\\\"\", not an unsigned 64-bit number"}},
       {"rng-zero", {"optimizer.safetensors", "fuzz/optimizer.safetensors: 'rng' = \"0 0 0 0\" is all zeros"}},
+      {"target-later", {"optimizer.safetensors",
+                        "fuzz/optimizer.safetensors: 'steps_to_target' = \"2\" is not a step from 1 to the checkpoint's 1"}},
+      {"target-text", {"optimizer.safetensors", "'steps_to_target' = \"1e3\" is not a step from 1"}},
       {"optimizer-exp-avg-sq-negative",
        {"optimizer.safetensors", "fuzz/optimizer.safetensors: Optimizer::load_state_dict: '2.exp_avg_sq' holds -0.5 at "
                                  "element 1, but an average of squares cannot be negative"}},

@@ -13,6 +13,7 @@
 
 #include "qkv/analysis/alignment.hpp"
 #include "qkv/nn/files.hpp"
+#include "qkv/sweep/measure.hpp"
 #include "qkv/sweep/sweep.hpp"
 #include "qkv/tasks/evaluate.hpp"
 #include "qkv/tasks/registry.hpp"
@@ -306,6 +307,55 @@ TEST_CASE("a sweep's runs on two processes, or in two slices, give the results o
   r = run_workers(s, {.out = dir + "/parallel", .jobs = 2}, progress);
   CHECK(r.ran == 0);
   CHECK(r.finished == 8);
+}
+
+TEST_CASE("a stopped worker's run goes on from its checkpoint and kept curve, to the result of a whole run") {
+  Sweep s = parsed(R"({"tasks": ["cycle"], "fixed": {"steps": 200}, "seeds": {"start": 2, "count": 1}})");
+  s.runs[0].train.target = 0.3;  // passed by a check before the stop, which the resumed run must report
+  const std::string dir = scratch("sweep_resume");
+  std::ostringstream progress;
+  CHECK(run_workers(s, {.out = dir + "/whole", .jobs = 1}, progress).ran == 1);
+  const Json whole = timeless(*result_of(dir + "/whole", s.runs[0]));
+  REQUIRE(whole["steps_to_target"].is_number());
+  REQUIRE(whole["steps_to_target"].get<std::size_t>() <= 75);
+
+  // What a worker stopped after step 90 leaves: the run's folder with its checkpoint of step 90, and
+  // the curve's points of steps 0-50 beside it.
+  const std::string runs = dir + "/stopped/runs/", curve = runs + s.runs[0].id + ".curve.jsonl";
+  std::filesystem::create_directories(runs);
+  tasks::TrainOptions part = s.runs[0].train;
+  part.out = runs + s.runs[0].id;
+  part.force = true;
+  part.stop_after = 90;
+  Json partial;
+  std::vector<std::string> violations;
+  CHECK_THROWS_WITH(measure_run(partial, part, {}, violations, progress, false, curve),
+                    Contains("the run's curve does not run from step 0 to step 90"));
+  CHECK(resumable_step(part, curve) == 90u);
+  // A curve file without every point up to the checkpoint, or other options: trained from the start.
+  const std::string points = nn::read_file(curve, 1 << 20);
+  nn::write_atomically(curve, points.substr(0, points.find('\n') + 1) + "{\"point\": {\"st");  // step 0, then a cut line
+  CHECK_FALSE(resumable_step(part, curve));
+  // A point past the checkpoint, as a run killed after measuring step 100 but before a checkpoint
+  // there leaves it: measured again, it is replaced.
+  nn::write_atomically(curve, points + R"({"point": {"step": 100, "accuracy": 0.125}, "violations": ["at step 100: stale"]})" + "\n");
+  CHECK(resumable_step(part, curve) == 90u);
+  tasks::TrainOptions other = part;
+  other.lr *= 2;
+  CHECK_FALSE(resumable_step(other, curve));
+
+  progress.str("");
+  CHECK(run_workers(s, {.out = dir + "/stopped", .jobs = 1}, progress).ran == 1);
+  CHECK_THAT(progress.str(), Contains("goes on from its checkpoint of step 90"));
+  const Json resumed = timeless(*result_of(dir + "/stopped", s.runs[0]));
+  CHECK(resumed["curve"] == whole["curve"]);
+  CHECK(resumed["violations"] == whole["violations"]);
+  CHECK(resumed["steps_to_target"] == whole["steps_to_target"]);
+  CHECK(resumed["accuracy"] == whole["accuracy"]);
+  CHECK(resumed.dump() == whole.dump());  // the seconds aside
+  CHECK_FALSE(std::filesystem::exists(curve));  // its points are in the result
+  CHECK(nn::read_file(dir + "/whole/runs/" + s.runs[0].id + "/model.safetensors", 1 << 24) ==
+        nn::read_file(runs + s.runs[0].id + "/model.safetensors", 1 << 24));
 }
 
 TEST_CASE("a sweep's worker leaves a run another one holds, and collecting names the runs without a result") {
