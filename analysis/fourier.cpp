@@ -141,9 +141,9 @@ FourierAnalysis fourier_analysis(nn::Transformer& model, const tasks::ModAddTask
   const double D = double(c.d_model), hidden = c.mlp ? double(c.d_mlp ? c.d_mlp : 4 * c.d_model) : 0;
   const double need = double(p) * double(p) *
                       (12 * (6 * D + 2 * hidden + double(c.n_classes) + 3 * double(c.heads)) + 8 * (hidden + 2 * double(p) + double(c.heads)));
-  if (need > nn::available_memory())
+  if (const double available = nn::available_memory(); need > available)
     fail("fourier_analysis", "p = {}: reading all {} pairs at once needs about {:.1f} GiB, more than the {:.1f} GiB this "
-         "machine has available", p, p * p, need / double(1 << 30), nn::available_memory() / double(1 << 30));
+         "machine has available", p, p * p, need / double(1 << 30), available / double(1 << 30));
   FourierAnalysis r;
   r.p = p;
   const Array<double> basis = fourier_basis(p);

@@ -929,9 +929,11 @@ PYBIND11_MODULE(_qkv, m) {
       [](const std::string& name, std::size_t n, std::uint64_t seed, std::optional<double> train_fraction) {
         tasks::TrainOptions o = tasks::default_options(name, n);
         o.seed = seed;
-        if (train_fraction && !tasks::task_spec(name).make_dataset)
-          throw py::value_error(fmt::format("task: train_fraction is for a data set's split; the {} task draws its sequences", name));
-        if (train_fraction) o.train_fraction = *train_fraction;
+        if (train_fraction) {
+          if (!tasks::task_spec(name).make_dataset)
+            throw py::value_error(fmt::format("task: train_fraction is for a data set's split; the {} task draws its sequences", name));
+          o.train_fraction = *train_fraction;
+        }
         return std::shared_ptr<tasks::Task>(tasks::make_task(o));
       },
       py::arg("name"), py::arg("n") = 0, py::arg("seed") = 0, py::arg("train_fraction") = py::none(),

@@ -182,14 +182,13 @@ std::optional<std::size_t> resumable_step(const TrainOptions& o, const std::stri
     const std::optional<std::string> folder = nn::committed_checkpoint(o.out);
     const std::optional<std::size_t> step = folder ? nn::checkpoint_step(*folder) : std::nullopt;
     if (!step || *step > o.steps) return std::nullopt;
-    TrainOptions same = o;
-    same.resume = true, same.force = false;
-    training::check_resume_options(training::read_config(o.out), same);
+    training::check_resume_options(training::read_config(o.out), o);  // config.json records neither resume nor force
+    // The file's points ascend (read_curve keeps the last of a step): they must begin with the
+    // curve's steps up to the checkpoint's.
     const std::vector<CurvePoint> points = read_curve(curve_file);
-    std::vector<std::size_t> held;
-    for (const CurvePoint& p : points) held.push_back(p.point["step"].get<std::size_t>());
+    std::size_t i = 0;
     for (const std::size_t s : curve_steps(o.steps))
-      if (s <= *step && std::find(held.begin(), held.end(), s) == held.end()) return std::nullopt;
+      if (s <= *step && (i >= points.size() || points[i++].point["step"] != s)) return std::nullopt;
     return step;
   } catch (const std::exception&) {  // no run there, or another one: it trains from the start
     return std::nullopt;
