@@ -230,10 +230,16 @@ Tensor relu(const Tensor& x) {
   check_inputs("relu", {&x});
   return dispatch(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    // The gradient at exactly 0 is 0, as in PyTorch.
-    return unary<T>("relu", x, [](const auto& v) { return xt::maximum(v, T(0)); },
+    // The gradient at exactly 0 is 0, as in PyTorch. Both passes split across the pool.
+    return unary<T>("relu", x, [](const Array<T>& v) {
+                      Array<T> y = Array<T>::from_shape(v.shape());
+                      detail::relu(v.data(), v.size(), y.data());
+                      return y;
+                    },
                     [](BackwardContext<T>& ctx, const auto&) {
-                      return xt::where(ctx.output() > T(0), ctx.grad(), T(0));
+                      Array<T> dx = Array<T>::from_shape(ctx.grad().shape());
+                      detail::relu_backward(ctx.output().data(), ctx.grad().data(), dx.size(), dx.data());
+                      return dx;
                     }, Save::output);
   });
 }

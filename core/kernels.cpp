@@ -13,7 +13,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "qkv/core/detail/blas.hpp"
 #include "qkv/core/detail/target_clones.hpp"
+#include "qkv/core/runtime.hpp"
 
 // Helpers are compiled into each clone, for its instruction set, only when inlined.
 #define QKV_INLINE [[gnu::always_inline]] inline
@@ -135,19 +137,19 @@ QKV_INLINE T sum_contiguous(const T* a, const T* b, std::size_t n) {
   return total + ((rest[0] + rest[1]) + (rest[2] + rest[3]));
 }
 
-// The cascade's partial sums as whole rows of g (rows × cols, row-major), for its column sums:
-// g is read in order, and the loops along a row vectorise.
+// The cascade's partial sums as whole rows of g (rows × cols, rows ld apart), for its column
+// sums: g is read in order, and the loops along a row vectorise.
 template <class T>
 struct RowPartials {
   static constexpr std::size_t run = cascade_run;
   const T* g;
-  std::size_t cols;
+  std::size_t cols, ld;
   T* slots;  // depth rows of cols
   QKV_INLINE void set(std::size_t s, std::size_t j0, std::size_t j1) {
     T* to = slots + s * cols;
     std::fill(to, to + cols, T(0));
     for (std::size_t j = j0; j < j1; ++j)
-      for (std::size_t c = 0; c < cols; ++c) to[c] += g[j * cols + c];
+      for (std::size_t c = 0; c < cols; ++c) to[c] += g[j * ld + c];
   }
   QKV_INLINE void merge(std::size_t a, std::size_t b) {
     T *to = slots + a * cols, *from = slots + b * cols;
@@ -155,10 +157,11 @@ struct RowPartials {
   }
 };
 
-// sums[c] += Σ_i g[i, c] over g rows × cols row-major: the cascade down the rows.
+// sums[c] += Σ_i g[i, c] over g rows × cols, rows ld apart: the cascade down the rows. A column
+// gets the same bits whichever other columns are summed with it.
 template <class T>
-QKV_INLINE void column_sums(const T* g, std::size_t rows, std::size_t cols, T* sums) {
-  if (cols == 1) {
+QKV_INLINE void column_sums(const T* g, std::size_t rows, std::size_t cols, std::size_t ld, T* sums) {
+  if (ld == 1) {  // one column, contiguous
     sums[0] += sum_contiguous<T>(g, nullptr, rows);
     return;
   }
@@ -167,7 +170,7 @@ QKV_INLINE void column_sums(const T* g, std::size_t rows, std::size_t cols, T* s
   constexpr std::size_t on_stack = 4096 / sizeof(T);
   T stack[on_stack];
   std::vector<T> heap(depth * cols > on_stack ? depth * cols : 0);
-  RowPartials<T> p{g, cols, heap.empty() ? stack : heap.data()};
+  RowPartials<T> p{g, cols, ld, heap.empty() ? stack : heap.data()};
   cascade(rows, p);
   for (std::size_t c = 0; c < cols; ++c) sums[c] += p.slots[c];
 }
@@ -430,11 +433,84 @@ QKV_INLINE void transpose_loop(const T* src, std::size_t rows, std::size_t cols,
 
 }  // namespace
 
-QKV_CLONES void add_rows(const float* x, std::size_t rows, std::size_t cols, const float* b, float* y) {
+namespace {
+
+QKV_CLONES void add_rows_serial(const float* x, std::size_t rows, std::size_t cols, const float* b, float* y) {
   add_rows_loop(x, rows, cols, b, y);
 }
-QKV_CLONES void add_rows(const double* x, std::size_t rows, std::size_t cols, const double* b, double* y) {
+QKV_CLONES void add_rows_serial(const double* x, std::size_t rows, std::size_t cols, const double* b, double* y) {
   add_rows_loop(x, rows, cols, b, y);
+}
+
+QKV_CLONES void column_sums_serial(const float* g, std::size_t rows, std::size_t cols, std::size_t ld, float* sums) {
+  column_sums(g, rows, cols, ld, sums);
+}
+QKV_CLONES void column_sums_serial(const double* g, std::size_t rows, std::size_t cols, std::size_t ld,
+                                   double* sums) {
+  column_sums(g, rows, cols, ld, sums);
+}
+
+// Large arrays are split across the pool: add_rows by rows, add_column_sums by runs of 16 columns.
+// Each element is computed as in one pass, so the bits do not depend on the number of threads.
+
+template <class T>
+void add_rows_split(const T* x, std::size_t rows, std::size_t cols, const T* b, T* y) {
+  if (cols == 0) return;
+  parallel_ranges(rows, std::max<std::size_t>(1, parallel_grain / cols), [&](std::size_t lo, std::size_t hi) {
+    add_rows_serial(x + lo * cols, hi - lo, cols, b, y + lo * cols);
+  });
+}
+
+template <class T>
+void column_sums_split(const T* g, std::size_t rows, std::size_t cols, T* sums) {
+  const std::size_t threads = in_parallel_task() ? 1 : get_num_threads();
+  if (threads == 1 || rows * cols < 2 * parallel_grain || cols < 32) return column_sums_serial(g, rows, cols, cols, sums);
+  const std::size_t block = (cols / threads + 15) / 16 * 16;
+  parallel_ranges(cols, block, [&](std::size_t lo, std::size_t hi) {
+    column_sums_serial(g + lo, rows, hi - lo, cols, sums + lo);
+  });
+}
+
+template <class T>
+QKV_INLINE void relu_loop(const T* __restrict x, std::size_t n, T* __restrict y) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] < T(0) ? T(0) : x[i];
+}
+template <class T>
+QKV_INLINE void relu_backward_loop(const T* __restrict y, const T* __restrict g, std::size_t n, T* __restrict dx) {
+  for (std::size_t i = 0; i < n; ++i) dx[i] = y[i] > T(0) ? g[i] : T(0);
+}
+QKV_CLONES void relu_serial(const float* x, std::size_t n, float* y) { relu_loop(x, n, y); }
+QKV_CLONES void relu_serial(const double* x, std::size_t n, double* y) { relu_loop(x, n, y); }
+QKV_CLONES void relu_backward_serial(const float* y, const float* g, std::size_t n, float* dx) {
+  relu_backward_loop(y, g, n, dx);
+}
+QKV_CLONES void relu_backward_serial(const double* y, const double* g, std::size_t n, double* dx) {
+  relu_backward_loop(y, g, n, dx);
+}
+
+template <class T>
+void relu_split(const T* x, std::size_t n, T* y) {
+  parallel_ranges(n, parallel_grain, [&](std::size_t lo, std::size_t hi) { relu_serial(x + lo, hi - lo, y + lo); });
+}
+template <class T>
+void relu_backward_split(const T* y, const T* g, std::size_t n, T* dx) {
+  parallel_ranges(n, parallel_grain, [&](std::size_t lo, std::size_t hi) {
+    relu_backward_serial(y + lo, g + lo, hi - lo, dx + lo);
+  });
+}
+
+}  // namespace
+
+void relu(const float* x, std::size_t n, float* y) { relu_split(x, n, y); }
+void relu(const double* x, std::size_t n, double* y) { relu_split(x, n, y); }
+void relu_backward(const float* y, const float* g, std::size_t n, float* dx) { relu_backward_split(y, g, n, dx); }
+void relu_backward(const double* y, const double* g, std::size_t n, double* dx) { relu_backward_split(y, g, n, dx); }
+
+void add_rows(const float* x, std::size_t rows, std::size_t cols, const float* b, float* y) {
+  add_rows_split(x, rows, cols, b, y);
+}
+void add_rows(const double* x, std::size_t rows, std::size_t cols, const double* b, double* y) {
+  add_rows_split(x, rows, cols, b, y);
 }
 
 QKV_CLONES void add_block(const float* part, std::size_t rows, std::size_t cols, float* out, std::size_t ld,
@@ -446,11 +522,11 @@ QKV_CLONES void add_block(const double* part, std::size_t rows, std::size_t cols
   add_block_loop(part, rows, cols, out, ld, rescale);
 }
 
-QKV_CLONES void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums) {
-  column_sums(g, rows, cols, sums);
+void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums) {
+  column_sums_split(g, rows, cols, sums);
 }
-QKV_CLONES void add_column_sums(const double* g, std::size_t rows, std::size_t cols, double* sums) {
-  column_sums(g, rows, cols, sums);
+void add_column_sums(const double* g, std::size_t rows, std::size_t cols, double* sums) {
+  column_sums_split(g, rows, cols, sums);
 }
 
 QKV_CLONES float sum_of(const float* x, std::size_t n) { return sum_contiguous<float>(x, nullptr, n); }

@@ -47,6 +47,10 @@ void parallel_for(std::size_t n, const std::function<void(std::size_t)>& task);
 // Whether the calling thread is running a task of parallel_for's (nested work then runs serially).
 bool in_parallel_task();
 
+// Elements per task when a large elementwise pass (an activation, a bias added to every row, an
+// embedding's rows) is split across the pool: below two of these it runs on the calling thread.
+constexpr std::size_t parallel_grain = std::size_t(1) << 15;
+
 // Runs f(lo, hi) for the consecutive ranges of at most `block` items that tile [0, n), across the
 // pool: rows of a loss, slabs of a layer's rows, runs of attention heads.
 template <class F>

@@ -78,6 +78,13 @@ void add_rows(const double* x, std::size_t rows, std::size_t cols, const double*
 void add_column_sums(const float* g, std::size_t rows, std::size_t cols, float* sums);
 void add_column_sums(const double* g, std::size_t rows, std::size_t cols, double* sums);
 
+// y = max(x, 0) (NaN stays NaN), and dx = g where y > 0, 0 elsewhere, over n elements; large
+// arrays split across the pool.
+void relu(const float* x, std::size_t n, float* y);
+void relu(const double* x, std::size_t n, double* y);
+void relu_backward(const float* y, const float* g, std::size_t n, float* dx);
+void relu_backward(const double* y, const double* g, std::size_t n, double* dx);
+
 // out (rows × cols, rows ld apart) = out · rescale[i] on row i (no rescale when it is null) + part
 // (rows × cols, dense, not overlapping out): a block's product added to a sum of them.
 void add_block(const float* part, std::size_t rows, std::size_t cols, float* out, std::size_t ld, const float* rescale);
