@@ -165,7 +165,7 @@ Query parse(const Json& runs, const std::string& text) {
   q.rest = space == std::string::npos ? "" : trimmed(statistic.substr(space));
   static const std::vector<std::string> known = {"count",  "wilson", "rate", "points", "curve",  "mean",         "sd",
                                                  "min",    "max",    "range", "median", "mean±sd", "median+range",
-                                                 "bootstrap"};
+                                                 "bootstrap", "list"};
   if (std::find(known.begin(), known.end(), q.statistic) == known.end()) q.fail(fmt::format("'{}' is no statistic", q.statistic));
   return q;
 }
@@ -269,6 +269,17 @@ std::string query_runs(const Json& runs, const std::string& text) {
     return range_text(*lo, *hi, words[1], q);
   }
   if (words.size() != 2) q.fail(fmt::format("'{} {}' is not STATISTIC FIELD FORMAT", name, q.rest));
+  if (name == "list") {
+    if (q.chosen.size() != 1) q.fail(fmt::format("list reads one run; {} are chosen", q.chosen.size()));
+    const Json* list = report::value_at(*q.chosen.front(), words[0]);
+    if (!list || !list->is_array()) q.fail(fmt::format("'{}' is not a list", words[0]));
+    std::string out;
+    for (const Json& x : *list) {
+      if (!x.is_number()) q.fail(fmt::format("'{}' holds {}, not a number", words[0], x.dump()));
+      out += (out.empty() ? "" : ", ") + formatted(x.get<double>(), words[1], q);
+    }
+    return out.empty() ? "none" : out;
+  }
   const std::vector<double> values = q.values(words[0]);
   const report::Stats s = report::stats(values);
   const std::string& f = words[1];

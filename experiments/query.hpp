@@ -14,6 +14,7 @@
 //              mean, "lo–hi")
 //              curve FIELD FMT FROM TO  "lo–hi": the lowest and highest of the runs' mean of
 //              FIELD at each step of their curves from FROM to TO
+//              list FIELD FMT  "13, 23, 47": the numbers of a list FIELD of the one run chosen
 //   FIELD      a number (or true/false, as 1/0) of each run's results: a key (accuracy,
 //              steps_to_target, sigma, …), or keys and list indices joined by dots
 //              (ablation.L0H0.zero, ablation.needed_by_layer.0); or FIELD@STEP, its value on the

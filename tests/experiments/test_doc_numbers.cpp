@@ -153,6 +153,7 @@ Json made_runs() {
                 {"accuracy", accuracy[i]}, {"steps_to_target", reached[i]}};
     run["ablation"] = {{"L0H0", {{"zero", 0.1 * i}, {"needed", i < 4}}}, {"by_layer", {i % 3 == 0, 0}}};
     run["ablation"]["by_layer"][1] = i % 3 == 1;
+    run["keys"] = {13, 23 + i, 1047};
     run["token_qk"] = {{")", {{"(", 70.0 - i}, {"[", i % 3 ? -40.0 : 12.5}}}, {"[", {{")", 30.0 - 10 * i}}}};
     run["curve"] = {{{"step", 0}, {"accuracy", 0.0}, {"top1_max", 0.0}},
                     {{"step", 100}, {"accuracy", 0.1 * i}, {"top1_max", 0.5}},
@@ -206,6 +207,11 @@ TEST_CASE("doc numbers: each statistic of a query, on runs made by hand") {
   // Means over the 6 runs: step 0: 0, step 100: 0.25, step 200: 0.77.
   CHECK(query_runs(runs, "* | curve accuracy % 100 200") == "25.0–77.0%");
   CHECK(query_runs(runs, "* | curve accuracy .2 0 100") == "0.00–0.25");
+  // A list of the one run chosen, each number in the format.
+  CHECK(query_runs(runs, "* where seed == 2 | list keys int") == "13, 25, 1,047");
+  CHECK(query_runs(runs, "variant=untied where seed == 4 | list keys .1") == "13.0, 27.0, 1047.0");
+  CHECK_THROWS_WITH(query_runs(runs, "variant=tied | list keys int"), Catch::Contains("list reads one run; 3 are chosen"));
+  CHECK_THROWS_WITH(query_runs(runs, "* where seed == 0 | list accuracy int"), Catch::Contains("'accuracy' is not a list"));
   // The bootstrap interval of the mean: inside the range of the values, around the mean.
   const auto interval = experiments::query_interval(runs, "variant=untied | bootstrap accuracy .4");
   REQUIRE(interval);
