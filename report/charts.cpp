@@ -166,16 +166,32 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   }
   if (lines.empty()) return "";
   const auto colour_of = [&](std::size_t c) { return grey[c] ? "#aaa" : palette[c % std::size(palette)]; };
-  // Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2; a loss) up to the next half;
-  // below 0 (a share that goes the other way), down to the next half below.
-  // On a log axis, whole decades around the values.
-  const auto axis_top = [&](double top) {
-    if (log_values) return std::isfinite(top) ? std::ceil(top) : 1.0;
-    return top <= 1 ? 1.0 : std::ceil(top * 2) / 2;
+  // The value axis. Values in [0, 1] on a fixed axis; larger ones (asymmetry, up to 2; a loss) up
+  // to the next half; below 0 (a share that goes the other way), down to the next half below; five
+  // lines. Past 10 (a weight norm), from and to multiples of a round step: 1, 2, 2.5 or 5 times a
+  // power of ten, four or five of them across the axis. On a log axis, whole decades around the
+  // values.
+  const auto round_step = [](double range) {
+    const double unit = std::pow(10.0, std::floor(std::log10(range / 4)));
+    for (double m : {1.0, 2.0, 2.5, 5.0})
+      if (range / (m * unit) <= 5) return m * unit;
+    return 10 * unit;
   };
-  const auto axis_bottom = [&](double bottom, double top) {
-    if (log_values) return std::isfinite(bottom) ? std::min(std::floor(bottom), axis_top(top) - 1) : 0.0;
-    return bottom >= 0 ? 0.0 : std::floor(bottom * 2) / 2;
+  struct Axis {
+    double bottom, top, every;  // every: the value between two lines
+  };
+  const auto axis = [&](double bottom, double top) -> Axis {
+    if (log_values) {
+      const double t = std::isfinite(top) ? std::ceil(top) : 1.0;
+      const double b = std::isfinite(bottom) ? std::min(std::floor(bottom), t - 1) : 0.0;
+      return {b, t, std::max(1.0, std::ceil((t - b) / 6))};  // one line a decade, or every second or third of many
+    }
+    if (top > 10) {
+      const double step = round_step(top - std::min(bottom, 0.0));
+      return {bottom >= 0 ? 0.0 : std::floor(bottom / step) * step, std::ceil(top / step) * step, step};
+    }
+    const double t = top <= 1 ? 1.0 : std::ceil(top * 2) / 2, b = bottom >= 0 ? 0.0 : std::floor(bottom * 2) / 2;
+    return {b, t, (t - b) / 4};
   };
   if (shared_axis) {
     std::fill(top_value.begin(), top_value.end(), *std::max_element(top_value.begin(), top_value.end()));
@@ -217,16 +233,17 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
   for (std::size_t p = 0; p < panels.size(); ++p) {
     const double x0 = double(p % columns) * panel_w + left, y0 = row_top[p / columns] + above;
     const auto x = [&](std::size_t step) { return x0 + plot_w * std::log10(double(step) + 1) / x_max; };
-    const double y_max = axis_top(top_value[p]), y_min = axis_bottom(bottom_value[p], top_value[p]);
+    const Axis a = axis(bottom_value[p], top_value[p]);
+    const double y_max = a.top, y_min = a.bottom, every = a.every;
     const auto y = [&](double v) { return y0 + plot_h * (1 - std::clamp((v - y_min) / (y_max - y_min), 0.0, 1.0)); };
     if (!panels[p].empty())
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-weight=\"bold\">{}</text>\n", x0, y0 - 8, escape_xml(panels[p]));
     s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#999\"/>\n", x0,
                      y0, plot_w, plot_h);
-    // Five lines; on a log axis one a decade, or every second or third of many.
-    const double decades = y_max - y_min, every = log_values ? std::max(1.0, std::ceil(decades / 6)) : decades / 4;
-    for (double v = y_min; v <= y_max + 1e-9; v += every) {
-      const std::string label = log_values ? (v == 0 ? std::string("1") : fmt::format("1e{:.0f}", v)) : fmt::format("{:.3g}", v);
+    for (double v = y_min; v <= y_max + 1e-9 * std::max(1.0, y_max); v += every) {
+      const std::string label = log_values        ? (v == 0 ? std::string("1") : fmt::format("1e{:.0f}", v))
+                                : every >= 10 && std::abs(v) < 1e6 ? fmt::format("{:.0f}", v)  // 4000, not 4e+03
+                                                                    : fmt::format("{:.3g}", v);
       s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#eee\"/>\n", x0, x0 + plot_w, y(v));
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#555\">{}</text>\n", x0 - 4, y(v) + 4, label);
     }
@@ -235,7 +252,10 @@ std::string steps_chart(const std::string& title, const std::string& subtitle, c
       ticks.push_back(t);
       if (t > last_step / 10) break;  // the next power would pass it (or wrap)
     }
-    if (last_step > ticks.back() * 2) ticks.push_back(last_step);
+    // The last step too, where its label clears the one before it (6.5 px a digit, centred).
+    const auto digits = [](std::size_t t) { return double(fmt::format("{}", t).size()); };
+    if (last_step > ticks.back() && x(last_step) - x(ticks.back()) >= 6.5 * (digits(last_step) + digits(ticks.back())) / 2 + 6)
+      ticks.push_back(last_step);
     for (std::size_t t : ticks)
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n", x(t),
                        y0 + plot_h + 14, t);

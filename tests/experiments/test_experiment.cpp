@@ -426,6 +426,27 @@ TEST_CASE("experiment table: accuracy at step 1000 and at the end, mean and samp
   CHECK_THAT(experiment_table("causal", short_runs), Contains("| variant | accuracy at the end | reached target |"));
 }
 
+TEST_CASE("steps chart: values past 10 on round lines, and the last step labelled where its label fits") {
+  using report::ChartLine;
+  // A weight norm from 1,780 up to 3,620 over 40,000 steps: lines at 0, 1000, … 4000.
+  const ChartLine norm{"", "weight norm", {{0, {1780}}, {200, {3620}}, {40000, {1250}}}};
+  const std::string one = report::steps_chart("weight norm", "", {norm}, false);
+  for (const char* label : {">0<", ">1000<", ">2000<", ">3000<", ">4000<"}) CHECK_THAT(one, Contains(label));
+  CHECK_THAT(one, !Contains("e+03") && !Contains(">5000<"));
+  // Steps: 0, 10, … 10000, and 40000 on a panel 564 wide (74 px past 10000); not on two panels
+  // 244 wide, where 40000 would stand 32 px from 10000, closer than the two labels' half-widths.
+  CHECK_THAT(one, Contains(">10000</text>") && Contains(">40000</text>"));
+  ChartLine other = norm;
+  other.panel = "b";
+  ChartLine first = norm;
+  first.panel = "a";
+  const std::string two = report::steps_chart("weight norm", "", {first, other}, true);
+  CHECK_THAT(two, Contains(">10000</text>") && !Contains(">40000</text>"));
+  // From below 0: the axis starts at a multiple of the step too, −500 under values of −20 to 1,800.
+  const std::string below = report::steps_chart("", "", {ChartLine{"", "x", {{0, {-20}}, {100, {1800}}}}}, false);
+  CHECK_THAT(below, Contains(">-500<") && Contains(">2000<") && !Contains(">-20<"));
+}
+
 TEST_CASE("curves chart: a panel per task, a line per configuration through the mean of its seeds") {
   nlohmann::ordered_json runs = nlohmann::ordered_json::array();
   runs.push_back(made_run("untied", 0, 0.5, 0.9, 6000, 700));
