@@ -452,7 +452,6 @@ QKV_CLONES void column_sums_serial(const double* g, std::size_t rows, std::size_
 
 // Large arrays are split across the pool: add_rows by rows, add_column_sums by runs of 16 columns.
 // Each element is computed as in one pass, so the bits do not depend on the number of threads.
-
 template <class T>
 void add_rows_split(const T* x, std::size_t rows, std::size_t cols, const T* b, T* y) {
   if (cols == 0) return;

@@ -4,8 +4,9 @@
 // Threads, as torch.set_num_threads: qkv splits its own work (attention per batch entry and head,
 // small layers in slabs of rows, row blocks of large matrix products, large ReLUs, bias adds, bias
 // gradients, embedding lookups and their gradients) across a pool of this many threads, and
-// set_num_threads makes OpenBLAS single-threaded inside them, so the two never compete for cores. The default is 1; until set_num_threads is called, OpenBLAS keeps its own
-// setting (OPENBLAS_NUM_THREADS, or one thread per core).
+// set_num_threads makes OpenBLAS single-threaded inside them, so the two never compete for cores.
+// The default is 1; until set_num_threads is called, OpenBLAS keeps its own setting
+// (OPENBLAS_NUM_THREADS, or one thread per core).
 // With a given number of threads, results are bit-identical from run to run: each output element
 // is computed by one thread, in a fixed order. Between different numbers of threads they may
 // differ in the last bits, since a product split into blocks can take other BLAS kernels.
