@@ -4,7 +4,6 @@
 #include "qkv/core/detail/blas.hpp"
 #include "qkv/core/detail/op.hpp"
 #include "qkv/core/ops.hpp"
-#include "qkv/core/runtime.hpp"
 
 namespace qkv {
 
@@ -26,10 +25,9 @@ Tensor embedding(const Tensor& weight, const IndexArray& indices) {
     Array<T> y = Array<T>::from_shape(out);
     const T* w = weight.value<T>().data();
     const std::int64_t* ids = indices.data();
-    detail::parallel_ranges(indices.size(), std::max<std::size_t>(1, detail::parallel_grain / std::max<std::size_t>(D, 1)),
-                            [&](std::size_t lo, std::size_t hi) {
-                              for (std::size_t i = lo; i < hi; ++i) std::copy_n(w + ids[i] * D, D, y.data() + i * D);
-                            });
+    detail::parallel_rows(indices.size(), D, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) std::copy_n(w + ids[i] * D, D, y.data() + i * D);
+    });
     return record_op<T>("embedding", std::move(y), {&weight}, [indices, sw, D](BackwardContext<T>& ctx) {
       // Scatter-add, split across the pool by runs of columns: every element still sums the rows
       // that read it in their order, so the bits do not depend on the number of threads.
@@ -37,9 +35,7 @@ Tensor embedding(const Tensor& weight, const IndexArray& indices) {
       const T* gy = ctx.grad().data();
       const std::int64_t* ids = indices.data();
       const std::size_t n = indices.size();
-      const std::size_t threads = detail::in_parallel_task() ? 1 : get_num_threads();
-      const std::size_t cols = n * D < 2 * detail::parallel_grain || D < 32 ? D : (D / threads + 15) / 16 * 16;
-      detail::parallel_ranges(D, cols, [&](std::size_t lo, std::size_t hi) {
+      detail::parallel_ranges(D, detail::column_run(n, D), [&](std::size_t lo, std::size_t hi) {
         for (std::size_t i = 0; i < n; ++i) {
           T* row = g.data() + ids[i] * D;
           for (std::size_t d = lo; d < hi; ++d) row[d] += gy[i * D + d];

@@ -15,7 +15,6 @@
 
 #include "qkv/core/detail/blas.hpp"
 #include "qkv/core/detail/target_clones.hpp"
-#include "qkv/core/runtime.hpp"
 
 // Helpers are compiled into each clone, for its instruction set, only when inlined.
 #define QKV_INLINE [[gnu::always_inline]] inline
@@ -454,18 +453,14 @@ QKV_CLONES void column_sums_serial(const double* g, std::size_t rows, std::size_
 // Each element is computed as in one pass, so the bits do not depend on the number of threads.
 template <class T>
 void add_rows_split(const T* x, std::size_t rows, std::size_t cols, const T* b, T* y) {
-  if (cols == 0) return;
-  parallel_ranges(rows, std::max<std::size_t>(1, parallel_grain / cols), [&](std::size_t lo, std::size_t hi) {
+  parallel_rows(rows, cols, [&](std::size_t lo, std::size_t hi) {
     add_rows_serial(x + lo * cols, hi - lo, cols, b, y + lo * cols);
   });
 }
 
 template <class T>
 void column_sums_split(const T* g, std::size_t rows, std::size_t cols, T* sums) {
-  const std::size_t threads = in_parallel_task() ? 1 : get_num_threads();
-  if (threads == 1 || rows * cols < 2 * parallel_grain || cols < 32) return column_sums_serial(g, rows, cols, cols, sums);
-  const std::size_t block = (cols / threads + 15) / 16 * 16;
-  parallel_ranges(cols, block, [&](std::size_t lo, std::size_t hi) {
+  parallel_ranges(cols, column_run(rows, cols), [&](std::size_t lo, std::size_t hi) {
     column_sums_serial(g + lo, rows, hi - lo, cols, sums + lo);
   });
 }

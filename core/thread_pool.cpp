@@ -166,6 +166,12 @@ void parallel_for(std::size_t n, const std::function<void(std::size_t)>& task) {
 
 bool in_parallel_task() { return in_task; }
 
+std::size_t column_run(std::size_t rows, std::size_t cols) {
+  const std::size_t threads = in_task ? 1 : pool().size();
+  if (threads == 1 || rows * cols < 2 * parallel_grain || cols < 32) return cols;
+  return (cols / threads + 15) / 16 * 16;
+}
+
 }  // namespace detail
 
 }  // namespace qkv

@@ -50,8 +50,8 @@ struct ChartLine {
 
 // The lines against the step on a log axis, up to three panels a row, with a legend of the series;
 // values in [0, 1] on a fixed axis, larger ones up to the next half, past 10 up to a multiple of a
-// round step (1, 2, 2.5 or 5 times a power of ten, lines labelled 1000, 2000, …), on one axis for all panels
-// when `shared_axis` (the same measure), else each panel's own. Non-finite values are left out.
+// round step (1, 2, 2.5 or 5 times a power of ten, lines labelled 1000, 2000, …), on one axis for
+// all panels when `shared_axis` (the same measure), else each panel's own. Non-finite values are left out.
 // With `log_values`, values on a log axis of whole decades (a loss), those not above 0 left out,
 // each line through the geometric mean. "" for no lines.
 std::string steps_chart(const std::string& title, const std::string& subtitle, const std::vector<ChartLine>& lines,

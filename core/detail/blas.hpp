@@ -47,17 +47,30 @@ void parallel_for(std::size_t n, const std::function<void(std::size_t)>& task);
 // Whether the calling thread is running a task of parallel_for's (nested work then runs serially).
 bool in_parallel_task();
 
-// Elements per task when a large elementwise pass (an activation, a bias added to every row, an
-// embedding's rows) is split across the pool: below two of these it runs on the calling thread.
-constexpr std::size_t parallel_grain = std::size_t(1) << 15;
-
 // Runs f(lo, hi) for the consecutive ranges of at most `block` items that tile [0, n), across the
-// pool: rows of a loss, slabs of a layer's rows, runs of attention heads.
+// pool: rows of a loss, slabs of a layer's rows, runs of attention heads. One range runs at once,
+// on the calling thread.
 template <class F>
 void parallel_ranges(std::size_t n, std::size_t block, F&& f) {
   if (n == 0) return;
   block = std::max<std::size_t>(block, 1);
+  if (n <= block) return f(std::size_t(0), n);
   parallel_for((n + block - 1) / block, [&](std::size_t i) { f(i * block, std::min(n, (i + 1) * block)); });
 }
+
+// Elements per task when a large elementwise pass (an activation, a bias added to every row, an
+// embedding's rows) is split across the pool: below two of these it runs on the calling thread.
+constexpr std::size_t parallel_grain = std::size_t(1) << 15;
+
+// f(lo, hi) over runs of the rows of a rows × cols pass, about parallel_grain elements a run.
+template <class F>
+void parallel_rows(std::size_t rows, std::size_t cols, F&& f) {
+  parallel_ranges(rows, std::max<std::size_t>(1, parallel_grain / std::max<std::size_t>(cols, 1)), f);
+}
+
+// The width of the runs of columns a rows × cols pass that must keep each column's order (a sum
+// down the rows) splits into, one run a thread in multiples of 16 columns: cols itself (no split)
+// on one thread, inside a task, or for a pass under two grains or of fewer than 32 columns.
+std::size_t column_run(std::size_t rows, std::size_t cols);
 
 }  // namespace qkv::detail
