@@ -1,6 +1,7 @@
 #include "qkv/nn/transformer.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 
 #include <fmt/format.h>
@@ -229,6 +230,12 @@ Tensor TransformerBlock::forward_gathered(const Tensor& table, const IndexArray&
 
 namespace detail {
 
+namespace {
+std::atomic<std::uint64_t> gathered_count{0};
+}  // namespace
+
+std::uint64_t gathered_runs() { return gathered_count.load(); }
+
 Tensor embed(const Embedding& tok, const Tensor& table, const HookPoint& embed, const HookPoint& pos_embed,
              const IndexArray& tokens, std::size_t offset) {
   const std::size_t T = tokens.shape()[1];
@@ -360,6 +367,7 @@ TransformerOutput Transformer::run(const IndexArray& tokens, bool need_weights, 
                         std::all_of(tokens.begin(), tokens.end(), [V](std::int64_t t) { return t >= 0 && t < std::int64_t(V); });
   Tensor x;
   if (gathered) {
+    ++detail::gathered_count;
     using I = std::int64_t;
     const Tensor positions = slice(position_table(), 0, I(offset), I(offset + T));
     const Tensor table = reshape(reshape(tok.weight, {I(V), 1, I(D)}) + reshape(positions, {1, I(T), I(D)}), {I(V * T), I(D)});

@@ -220,6 +220,9 @@ BlockShape block_shape(const TransformerConfig& config);
 // `embed` and `pos_embed` (which see the positions per sequence, (B, T, D)).
 Tensor embed(const Embedding& tok, const Tensor& table, const HookPoint& embed, const HookPoint& pos_embed,
              const IndexArray& tokens, std::size_t offset = 0);
+// How many runs so far (on any thread) projected layer 0 once per (token, position) pair and
+// gathered the rows, rather than projecting every position: the path taken, for tests to see.
+std::uint64_t gathered_runs();
 }  // namespace detail
 
 // What Transformer::run_with_cache returns: the forward's output, and the activation at each hook

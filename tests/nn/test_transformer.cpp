@@ -231,7 +231,7 @@ TEST_CASE("without LayerNorm the model reads the stream as it is, and forward_la
   CHECK_THROWS_WITH(pointer.forward_last(tokens), Contains("forward_last reads the token readout"));
 }
 
-TEST_CASE("forward_last on more sequences than tokens projects each token and position once: forward's logits and gradients") {
+TEST_CASE("forward_last on more sequences than tokens: forward's logits and gradients, each token and position projected once") {
   // 12 sequences of a 5-token vocabulary: layer 0 runs on the 5 · 4 (token, position) rows and
   // gathers them. The reference is forward over every position (its last row), op by op.
   const IndexArray tokens{{0, 3, 1, 4}, {4, 4, 0, 1}, {1, 2, 3, 0}, {2, 2, 2, 2}, {3, 0, 4, 1}, {0, 0, 1, 4},
@@ -273,7 +273,9 @@ TEST_CASE("forward_last on more sequences than tokens projects each token and po
         grads[key] = p.grad().value<double>();
         p.zero_grad();
       }
+      const std::uint64_t before = nn::detail::gathered_runs();
       const nn::TransformerOutput last = model.forward_last(tokens, mask);
+      CHECK(nn::detail::gathered_runs() == before + 1);  // the gathered path, not forward's
       check_close(last.logits, reference.value<double>(), 1e-12);
       model.loss(last, targets).backward();
       for (const auto& [key, p] : model.named_parameters()) {
@@ -281,6 +283,33 @@ TEST_CASE("forward_last on more sequences than tokens projects each token and po
         check_close(p.grad(), grads.at(key), 1e-12);
       }
     }
+}
+
+TEST_CASE("forward_last gathers only with more sequences than tokens, every token known and no hook on the way") {
+  // Each other case projects every position, as forward does: the same logits, and no gather.
+  Generator gen(12);
+  nn::Transformer model({.vocab_size = 5, .n_classes = 5, .max_len = 3, .layers = 1, .d_model = 8, .heads = 2, .mlp = true,
+                         .dtype = DType::float64},
+                        gen);
+  IndexArray many = IndexArray::from_shape({6, 3});
+  for (std::size_t i = 0; i < many.size(); ++i) many.data()[i] = std::int64_t((7 * i + 2) % 5);
+  const auto gathers = [&](const IndexArray& tokens) {
+    const std::uint64_t before = nn::detail::gathered_runs();
+    const nn::TransformerOutput last = model.forward_last(tokens);
+    const Tensor reference = slice(model.forward(tokens).logits, 1, 2, 3);
+    check_close(last.logits, reference.value<double>(), 1e-12);
+    return nn::detail::gathered_runs() - before;
+  };
+  CHECK(gathers(many) == 1);
+  const IndexArray few = xt::view(many, xt::range(0, 5), xt::all());  // 5 sequences, 5 tokens
+  CHECK(gathers(few) == 0);
+  model.hook_embed.add([](const Tensor& x, const std::string&) { return x; });
+  CHECK(gathers(many) == 0);
+  model.hook_embed.clear();
+  model.blocks[0]->attn.hook_q.add([](const Tensor& x, const std::string&) { return x; });
+  CHECK(gathers(many) == 0);
+  model.blocks[0]->attn.hook_q.clear();
+  CHECK(gathers(many) == 1);
 }
 
 TEST_CASE("the normal init draws weights N(0, 1/d_model), the head's N(0, 1/n_classes), biases 0") {

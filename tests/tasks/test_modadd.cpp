@@ -150,7 +150,9 @@ TEST_CASE("a batch scored at its last position alone runs forward_last: the same
   Generator gen(1);
   const nn::Transformer model(o.model, gen);
   const Batch& rows = task->split()->train;
+  const std::uint64_t before = nn::detail::gathered_runs();
   const Forward f = forward(model, *task, rows, true, true);
+  CHECK(nn::detail::gathered_runs() == before + 1);  // 50 pairs of a 14-token vocabulary: gathered
   const nn::TransformerOutput full = model.forward(rows.tokens);
   CHECK(f.loss.item() == Approx(model.loss(full, rows.targets).item()).epsilon(1e-13));
   const IndexArray predicted = nn::Transformer::predictions(full.logits);
