@@ -310,6 +310,11 @@ TEST_CASE("forward_last gathers only with more sequences than tokens, every toke
   CHECK(gathers(many) == 0);
   model.blocks[0]->attn.hook_q.clear();
   CHECK(gathers(many) == 1);
+  IndexArray unknown = many;
+  unknown(4, 1) = 5;  // outside the vocabulary: the embedding's error, which a gather would not give
+  const std::uint64_t before = nn::detail::gathered_runs();
+  CHECK_THROWS_WITH(model.forward_last(unknown), Contains("index 5 at flat position 13 is out of range"));
+  CHECK(nn::detail::gathered_runs() == before);
 }
 
 TEST_CASE("the normal init draws weights N(0, 1/d_model), the head's N(0, 1/n_classes), biases 0") {
