@@ -14,7 +14,7 @@ TEST_CASE("the grokking section's figures are seed 0's progress measures in the 
   const nlohmann::json& g = seed0->at("grokking");
   analysis::FourierRun r;
   r.dir = "runs/" + seed0->at("id").get<std::string>();
-  r.final.p = seed0->at("config").at("size").get<std::size_t>();
+  r.final.p = seed0->at("config").at("n").get<std::size_t>();  // modadd's size, p
   r.final.key_frequencies = g.at("key_frequencies").get<std::vector<std::size_t>>();
   for (const auto& point : g.at("along")) {
     analysis::FourierAnalysis a;

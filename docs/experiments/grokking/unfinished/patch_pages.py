@@ -35,3 +35,7 @@ steps <!--= grokking | decay=1 | range grokking.test_99 int -->…<!--/-->, thou
 <!--= grokking | decay=1 | count grokking.restricted_step < grokking.test_99 -->…<!--/-->; without weight decay, held-out accuracy reaches 99% on <!--= grokking | decay=0 | rate grokking.test_99 != null -->…<!--/-->
 ([side by side with the paper](docs/experiments.md#grokking-modular-addition-as-nanda-et-al-train-it)).
 Every table, with budgets, seeds and controls, is in [docs/experiments.md](docs/experiments.md).""")
+
+C = "docs/cli.md"
+sub(C, "12.8: the first phase of grokking, memorisation.",
+       "12.8: the first phase of grokking, memorisation. The whole 40,000 steps, on five seeds and without\nweight decay as the control, side by side with the paper: [the grokking experiment](experiments.md#grokking-modular-addition-as-nanda-et-al-train-it).")
