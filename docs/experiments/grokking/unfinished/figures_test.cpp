@@ -1,8 +1,8 @@
 
 TEST_CASE("the grokking section's figures are seed 0's progress measures in the committed results") {
-  // docs/experiments/grokking/seed0-fourier-*.svg, as `qkv inspect DIR --fourier --svg` drew seed 0's
-  // run (weight decay 1) from its kept checkpoints: drawn again from what the grokking measurement
-  // kept of each kept step in results.json. With QKV_WRITE_DOCS=1, written where they differ.
+  // docs/experiments/grokking/seed0-fourier-*.svg: seed 0's run (weight decay 1) as `qkv inspect DIR
+  // --fourier --svg` draws it, from what the grokking measurement keeps of each kept step in
+  // results.json (every number the figures read). With QKV_WRITE_DOCS=1, written where they differ.
   const std::filesystem::path dir = std::filesystem::path(QKV_SOURCE_DIR) / "docs" / "experiments" / "grokking";
   std::ifstream in(dir / "results.json");
   REQUIRE(in);
@@ -13,7 +13,7 @@ TEST_CASE("the grokking section's figures are seed 0's progress measures in the 
   REQUIRE(seed0);
   const nlohmann::json& g = seed0->at("grokking");
   analysis::FourierRun r;
-  r.dir = "runs/" + seed0->at("id").get<std::string>();
+  r.dir = "grokking, seed 0 (weight decay 1)";
   r.final.p = seed0->at("config").at("n").get<std::size_t>();  // modadd's size, p
   r.final.key_frequencies = g.at("key_frequencies").get<std::vector<std::size_t>>();
   for (const auto& point : g.at("along")) {

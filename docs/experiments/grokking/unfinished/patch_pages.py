@@ -16,7 +16,7 @@ sub(E, "`defaults` and `seq2seq` at each task's default budget, and reverse at t
 sub(E, "and `alignment` (seq2seq) ([sweeps](sweeps.md)).",
        "`alignment` (seq2seq), and `grokking` (grokking) ([sweeps](sweeps.md)).")
 sub(E, "configuration made on 2026-12-04 with the Cooperlake kernels of another processor.",
-       "configuration made on 2026-12-04 with the Cooperlake kernels of another processor. `grokking`'s\nwere made the same way on 2026-12-06 ([its section](#grokking-modular-addition-as-nanda-et-al-train-it)).")
+       "configuration made on 2026-12-04 with the Cooperlake kernels of another processor. `grokking`'s\nare those of `qkv experiment grokking -j 2` too, begun on 2026-12-06 with the Haswell kernels and\ngone on with by `--resume` ([its section](#grokking-modular-addition-as-nanda-et-al-train-it)).")
 sub(E, "The twelve experiments were run once more,",
        "The twelve experiments (all but `grokking`) were run once more,")
 here = os.path.dirname(os.path.abspath(__file__))
