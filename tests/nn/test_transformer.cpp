@@ -303,13 +303,24 @@ TEST_CASE("forward_last gathers only with more sequences than tokens, every toke
   CHECK(gathers(many) == 1);
   const IndexArray few = xt::view(many, xt::range(0, 5), xt::all());  // 5 sequences, 5 tokens
   CHECK(gathers(few) == 0);
-  model.hook_embed.add([](const Tensor& x, const std::string&) { return x; });
-  CHECK(gathers(many) == 0);
-  model.hook_embed.clear();
-  model.blocks[0]->attn.hook_q.add([](const Tensor& x, const std::string&) { return x; });
-  CHECK(gathers(many) == 0);
-  model.blocks[0]->attn.hook_q.clear();
+  const nn::ForwardHook same = [](const Tensor& x, const std::string&) { return x; };
+  for (nn::HookPoint* point : {&model.hook_embed, &model.hook_pos_embed, &model.blocks[0]->hook_resid_pre,
+                               &model.blocks[0]->ln1_normalized, &model.blocks[0]->attn.hook_q}) {
+    point->add(same);
+    CHECK(gathers(many) == 0);
+    point->clear();
+  }
   CHECK(gathers(many) == 1);
+  for (const nn::Projection projection : {nn::Projection::identity, nn::Projection::identity_qk}) {
+    INFO(int(projection));
+    Generator g(13);
+    nn::Transformer fixed({.vocab_size = 5, .n_classes = 5, .max_len = 3, .layers = 1, .d_model = 8, .heads = 2,
+                           .proj = projection, .mlp = true, .dtype = DType::float64},
+                          g);
+    const std::uint64_t before = nn::detail::gathered_runs();
+    check_close(fixed.forward_last(many).logits, slice(fixed.forward(many).logits, 1, 2, 3).value<double>(), 1e-12);
+    CHECK(nn::detail::gathered_runs() == before);  // no q or v projection to run on the table
+  }
   IndexArray unknown = many;
   unknown(4, 1) = 5;  // outside the vocabulary: the embedding's error, which a gather would not give
   const std::uint64_t before = nn::detail::gathered_runs();
