@@ -273,7 +273,7 @@ EOF2
     ;;
   sweep-interrupt)  # a TERM to the sweep reaches its worker processes: they stop, none is left, a rerun finishes
     cat > long.json <<'EOF2'
-{"tasks": ["brackets"], "fixed": {"steps": 4000, "layers": 1}, "seeds": {"count": 4}}
+{"tasks": ["brackets"], "fixed": {"steps": 1500, "layers": 1}, "seeds": {"count": 4}}
 EOF2
     "$qkv" sweep long.json --out long -j 2 > /dev/null 2> progress.txt &
     sweep=$!
