@@ -35,6 +35,8 @@ TEST_CASE("the same seed trains bit-identical weights, and another seed does not
     std::ostringstream quiet;
     TrainOptions a = short_run(task, "a"), b = short_run(task, "b"), c = short_run(task, "c");
     c.seed = 1;
+    if (task == "modadd")  // p = 23 rather than 113: 158 training pairs, not 3,830, by the same code
+      for (TrainOptions* o : {&a, &b, &c}) o->n = 23, o->model.vocab_size = o->model.n_classes = 24;
     train(a, quiet, false);
     train(b, quiet, false);
     train(c, quiet, false);
