@@ -169,9 +169,7 @@ TEST_CASE("a batch scored at its last position alone runs forward_last: the same
 }
 
 TEST_CASE("modadd trains full batch with AdamW, logs held-out loss and accuracy, and resumes bit for bit") {
-  TrainOptions o = short_run("modadd", "modadd", 40);
-  o.n = 23;
-  o.model.vocab_size = o.model.n_classes = 24;
+  TrainOptions o = short_run("modadd", "modadd", 40, 500, 23);
   o.model.d_model = 32;
   o.model.heads = 2;
   o.model.d_mlp = 64;

@@ -23,9 +23,10 @@ inline std::string temp_folder(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("qkv_" + name + "_" + std::to_string(::getpid()))).string();
 }
 
+// `n`: the task's size (0: its default), with the vocabulary and classes default_options derives from it.
 inline tasks::TrainOptions short_run(const std::string& task, const std::string& out, std::size_t steps = 30,
-                                        std::size_t checkpoint_every = 500) {
-  tasks::TrainOptions o = tasks::default_options(task);
+                                        std::size_t checkpoint_every = 500, std::size_t n = 0) {
+  tasks::TrainOptions o = tasks::default_options(task, n);
   o.steps = steps;
   o.checkpoint_every = checkpoint_every;
   o.warmup = 5;
